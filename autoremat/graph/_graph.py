@@ -1,0 +1,332 @@
+"""The dataflow graph: a node per equation, an edge per value, with bytes, FLOPs and time.
+
+`build_graph(fn, args)` traces `fn` (see `_trace.trace`), then walks the flat jaxpr:
+
+* every equation becomes an `OpInfo` (cost from `_costs.eqn_cost`, time from the device
+  profile's roofline, the residuals its backward pass reads from `_residuals`);
+* every value becomes a `ValueInfo` (shape, dtype, per-device bytes, producer, source line,
+  the user's `checkpoint_name` if any);
+* `scan`, `while` and `cond` equations carry their bodies as nested `Graph`s (a scan's body
+  is executed `length` times; a while loop's trip count is unknown and counted once).
+
+The networkx view (`Graph.nx`) is a `MultiDiGraph` with one node per equation and per
+function input, and one edge per (value, consumer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.extend as jex
+import networkx as nx
+import numpy as np
+from jax.extend import source_info_util
+
+from autoremat.graph._costs import OpCost, aval_bytes, eqn_cost
+from autoremat.graph._profiles import DeviceProfile, get_profile
+from autoremat.graph._residuals import EqnResiduals, eqn_residuals
+from autoremat.graph._trace import Traced, trace
+
+__all__ = ["ValueInfo", "OpInfo", "Graph", "build_graph", "graph_from_traced"]
+
+# Control flow whose bodies are kept as nested graphs.
+_BODY_KEYS = {"scan": ("jaxpr",), "while": ("cond_jaxpr", "body_jaxpr"), "cond": ("branches",)}
+
+
+@dataclass(frozen=True)
+class ValueInfo:
+    """One value (jaxpr variable).
+
+    Attributes:
+      id: stable identity: `in3` (function input 3), `e12:0` (output 0 of equation 12),
+        `e5/body/e2:0` (inside the body of the scan at equation 5).
+      shape, dtype: as traced (global shape).
+      nbytes: bytes one device holds (global bytes divided by the estimated sharding).
+      producer: the id of the producing op, None for inputs.
+      source: `file:line:col (function)` of the producing equation.
+      name: the user's `checkpoint_name` on this value, if any.
+      kind: 'input', 'const' or 'intermediate'.
+      differentiable: a tangent flows through it.
+      arg_name: for inputs, the argument path (`args[0]['w']`).
+    """
+
+    id: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    producer: str | None
+    source: str
+    name: str | None
+    kind: str
+    differentiable: bool
+    arg_name: str | None = None
+
+    @property
+    def type_str(self) -> str:
+        return f"{np.dtype(self.dtype).name if self.dtype != 'key' else 'key'}{list(self.shape)}"
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """One equation.
+
+    Attributes:
+      id: `e12` or `e5/body/e2`.
+      index: position in its jaxpr.
+      primitive: the primitive's name.
+      inputs, outputs: value ids (literal inputs are omitted).
+      cost: FLOPs and bytes of ONE execution (bodies included, scans times their length).
+      time: roofline seconds of one execution on the graph's profile.
+      multiplicity: how many times it runs per forward pass (trip counts of enclosing scans).
+      source: `file:line:col (function)`.
+      residual_inputs, residual_outputs: value ids its backward pass reads.
+      extra_residual_bytes: bytes of values its linearization creates (per execution).
+      bodies: nested graphs of scan/while/cond bodies.
+      params: a few scalar parameters worth showing (scan length, ...).
+    """
+
+    id: str
+    index: int
+    primitive: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    cost: OpCost
+    time: float
+    multiplicity: int
+    source: str
+    residual_inputs: tuple[str, ...]
+    residual_outputs: tuple[str, ...]
+    extra_residual_bytes: int
+    bodies: tuple["Graph", ...] = ()
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class Graph:
+    """A dataflow graph of one jaxpr (the function's, or a control-flow body's)."""
+
+    values: dict[str, ValueInfo]
+    ops: dict[str, OpInfo]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    profile: DeviceProfile
+    prefix: str = ""
+    traced: Traced | None = None
+    nx: Any = None
+
+    def residual_values(self) -> list[str]:
+        """Ids of forward values (inputs included) the un-optimized backward pass reads."""
+        seen: dict[str, None] = {}
+        for op in self.ops.values():
+            for v in op.residual_inputs + op.residual_outputs:
+                seen.setdefault(v, None)
+        return list(seen)
+
+    def residual_bytes(self) -> int:
+        """Bytes the un-optimized backward pass keeps: residual values plus extras."""
+        return (sum(self.values[v].nbytes for v in self.residual_values())
+                + sum(op.extra_residual_bytes for op in self.ops.values()))
+
+    def total_flops(self) -> float:
+        """FLOPs of one forward pass (scan bodies times their trip count)."""
+        return sum(op.cost.flops for op in self.ops.values())
+
+    def total_time(self) -> float:
+        return sum(op.time for op in self.ops.values())
+
+    def consumers(self, value_id: str) -> list[str]:
+        return [op.id for op in self.ops.values() if value_id in op.inputs]
+
+    def __repr__(self) -> str:
+        return (f"Graph({len(self.ops)} ops, {len(self.values)} values, "
+                f"residuals {self.residual_bytes()} B, {self.total_flops():.3g} FLOPs, profile {self.profile.name})")
+
+
+def build_graph(fn, *args, argnums=0, static_argnums: Sequence[int] = (), profile=None,
+                has_aux: bool = False, **kwargs) -> Graph:
+    """Traces `fn(*args, **kwargs)` and builds its dataflow graph.
+
+    Args:
+      fn: a function returning a scalar loss (see `trace`).
+      *args: example arguments (arrays or `jax.ShapeDtypeStruct`, pytrees).
+      argnums: differentiated positional arguments (default 0, like `jax.grad`).
+      static_argnums: positional arguments treated as Python constants.
+      profile: a device profile name or `DeviceProfile` (default: the local device).
+      **kwargs: keyword arguments of `fn` (not differentiated).
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> g = build_graph(lambda w, x: jnp.sum(jnp.tanh(x @ w)), jnp.ones((8, 4)), jnp.ones((2, 8)))
+      >>> [op.primitive for op in g.ops.values()]
+      ['dot_general', 'tanh', 'reduce_sum']
+      >>> g.ops['e0'].cost.flops   # 2 * 2 * 8 * 4
+      128.0
+    """
+    t = trace(fn, args, kwargs, argnums=argnums, static_argnums=static_argnums, has_aux=has_aux)
+    return graph_from_traced(t, profile=profile)
+
+
+def graph_from_traced(t: Traced, *, profile=None) -> Graph:
+    """Builds the graph of an already traced function."""
+    from autoremat.graph._profiles import detect_profile
+
+    prof = get_profile(profile) if profile is not None else detect_profile()
+    jaxpr = t.closed_jaxpr.jaxpr
+    divisors = []
+    for aval, sds_sharding in zip(t.in_avals, _input_shardings(t)):
+        divisors.append(_sharding_divisor(aval, sds_sharding))
+    g = _build(jaxpr, prof, prefix="", in_diff=list(t.diff_mask), in_div=divisors,
+               arg_names=list(t.arg_names), multiplicity=1)
+    g.traced = t
+    g.nx = _to_nx(g)
+    return g
+
+
+def _input_shardings(t: Traced):
+    return list(t.in_shardings) or [None] * len(t.in_avals)
+
+
+def _sharding_divisor(aval, sharding) -> float:
+    if sharding is None or not getattr(aval, "shape", None):
+        return 1.0
+    try:
+        shard = sharding.shard_shape(tuple(aval.shape))
+    except Exception:
+        return 1.0
+    full = float(np.prod(aval.shape))
+    part = float(np.prod(shard)) or 1.0
+    return max(1.0, full / part)
+
+
+def _src(eqn) -> str:
+    try:
+        return source_info_util.summarize(eqn.source_info)
+    except Exception:  # pragma: no cover
+        return ""
+
+
+def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_div: list[float],
+           arg_names: list[str] | None, multiplicity: int) -> Graph:
+    values: dict[str, ValueInfo] = {}
+    ops: dict[str, OpInfo] = {}
+    var_id: dict[int, str] = {}
+    diff: dict[str, bool] = {}
+    div: dict[str, float] = {}
+    named_alias: dict[str, str] = {}
+
+    def is_float(aval):
+        return hasattr(aval, "dtype") and jax.dtypes.issubdtype(aval.dtype, np.inexact)
+
+    def add_value(v, vid, producer, source, kind, d, dv, arg_name=None, name=None):
+        aval = v.aval
+        nbytes = int(aval_bytes(aval) / dv) if dv > 1 else aval_bytes(aval)
+        dtype = str(aval.dtype) if hasattr(aval, "dtype") else "token"
+        values[vid] = ValueInfo(vid, tuple(getattr(aval, "shape", ())), dtype, nbytes, producer, source,
+                                name, kind, d, arg_name)
+        var_id[id(v)] = vid
+        diff[vid] = d
+        div[vid] = dv
+
+    for i, v in enumerate(jaxpr.constvars):
+        add_value(v, f"{prefix}c{i}", None, "", "const", False, 1.0)
+    inputs = []
+    for i, v in enumerate(jaxpr.invars):
+        vid = f"{prefix}in{i}"
+        add_value(v, vid, None, "", "input", bool(in_diff[i]) and is_float(v.aval), in_div[i],
+                  arg_name=arg_names[i] if arg_names else None)
+        inputs.append(vid)
+
+    for idx, eqn in enumerate(jaxpr.eqns):
+        oid = f"{prefix}e{idx}"
+        src = _src(eqn)
+        in_ids = [var_id[id(v)] if not isinstance(v, jex.core.Literal) else None for v in eqn.invars]
+        in_d = [bool(x and diff[x]) for x in in_ids]
+        in_dv = [div[x] for x in in_ids if x]
+        out_div = max(in_dv) if in_dv else 1.0
+        any_d = any(in_d)
+        out_ids = []
+        user_name = eqn.params.get("name") if eqn.primitive.name == "name" else None
+        for j, v in enumerate(eqn.outvars):
+            vid = f"{oid}:{j}"
+            add_value(v, vid, oid, src, "intermediate", any_d and is_float(v.aval), out_div, name=user_name)
+            out_ids.append(vid)
+        if user_name is not None and in_ids[0] is not None:
+            # checkpoint_name is an identity: its input carries the user's name too.
+            named_alias[in_ids[0]] = user_name
+        res = eqn_residuals(eqn, in_d) if any_d else EqnResiduals((False,) * len(in_ids), (False,) * len(out_ids), 0)
+        bodies = _bodies(eqn, oid, prof, in_d, [div[x] if x else 1.0 for x in in_ids], multiplicity)
+        cost = eqn_cost(eqn)
+        if out_div > 1:
+            cost = cost.scale(1.0 / out_div)
+        dtype = str(eqn.outvars[0].aval.dtype) if eqn.outvars and hasattr(eqn.outvars[0].aval, "dtype") else "float32"
+        params = {k: eqn.params[k] for k in ("length", "num_carry", "num_consts", "reverse", "name")
+                  if k in eqn.params and isinstance(eqn.params[k], (int, bool, str))}
+        ops[oid] = OpInfo(
+            id=oid, index=idx, primitive=eqn.primitive.name,
+            inputs=tuple(x for x in in_ids if x is not None), outputs=tuple(out_ids), cost=cost,
+            time=prof.op_time(cost, dtype), multiplicity=multiplicity, source=src,
+            residual_inputs=tuple(dict.fromkeys(x for x, r in zip(in_ids, res.inputs) if r and x is not None)),
+            residual_outputs=tuple(x for x, r in zip(out_ids, res.outputs) if r),
+            extra_residual_bytes=int(res.extra_bytes / out_div) if out_div > 1 else res.extra_bytes,
+            bodies=bodies, params=params)
+
+    for vid, name in named_alias.items():
+        if values[vid].name is None:
+            values[vid] = _replace(values[vid], name=name)
+    outputs = tuple(var_id[id(v)] for v in jaxpr.outvars if not isinstance(v, jex.core.Literal))
+    return Graph(values, ops, tuple(inputs), outputs, prof, prefix)
+
+
+def _replace(v: ValueInfo, **kw) -> ValueInfo:
+    from dataclasses import replace
+    return replace(v, **kw)
+
+
+def _bodies(eqn, oid, prof, in_d, in_div, multiplicity) -> tuple[Graph, ...]:
+    name = eqn.primitive.name
+    if name not in _BODY_KEYS:
+        return ()
+    out = []
+    if name == "scan":
+        body = eqn.params["jaxpr"]
+        n_consts, n_carry = eqn.params["num_consts"], eqn.params["num_carry"]
+        bj = body.jaxpr
+        # A carry is differentiable if its initial value or any differentiable input is.
+        d = list(in_d)
+        any_d = any(in_d)
+        for k in range(n_consts, n_consts + n_carry):
+            d[k] = d[k] or any_d
+        # Scanned-over inputs lose their leading axis: the divisor stays (batch sharding).
+        out.append(_build(bj, prof, prefix=f"{oid}/body/", in_diff=d, in_div=list(in_div),
+                          arg_names=None, multiplicity=multiplicity * int(eqn.params["length"])))
+    elif name == "while":
+        cn, bn = eqn.params["cond_nconsts"], eqn.params["body_nconsts"]
+        body = eqn.params["body_jaxpr"]
+        carry_d = in_d[cn + bn:]
+        out.append(_build(body.jaxpr, prof, prefix=f"{oid}/body/",
+                          in_diff=list(in_d[cn:cn + bn]) + list(carry_d),
+                          in_div=list(in_div[cn:cn + bn]) + list(in_div[cn + bn:]),
+                          arg_names=None, multiplicity=multiplicity))
+    elif name == "cond":
+        for k, br in enumerate(eqn.params["branches"]):
+            out.append(_build(br.jaxpr, prof, prefix=f"{oid}/branch{k}/", in_diff=list(in_d[1:]),
+                              in_div=list(in_div[1:]), arg_names=None, multiplicity=multiplicity))
+    return tuple(out)
+
+
+def _to_nx(g: Graph) -> nx.MultiDiGraph:
+    G = nx.MultiDiGraph()
+    for vid in g.inputs:
+        G.add_node(vid, kind="input", primitive="input", arg_name=g.values[vid].arg_name)
+    for op in g.ops.values():
+        G.add_node(op.id, kind="op", primitive=op.primitive, flops=op.cost.flops, time=op.time,
+                   source=op.source)
+    for op in g.ops.values():
+        for v in op.inputs:
+            src = g.values[v].producer or v
+            if src in G:
+                G.add_edge(src, op.id, key=v, value=v, nbytes=g.values[v].nbytes)
+    return G

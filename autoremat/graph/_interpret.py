@@ -1,0 +1,93 @@
+"""A small jaxpr interpreter shared by the graph (inlining) and the runtime (plans).
+
+It follows the `env` / `read` / `write` shape of equinox's jaxpr interpreters: equations
+are re-bound one by one, with their source information kept, so that a re-traced jaxpr
+still points at the user's code.  Call-like primitives listed in `INLINE_PRIMITIVES`
+(`jit`, `closed_call`, an existing `jax.checkpoint`) are evaluated by recursing into their
+jaxprs, which flattens them into the caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax.extend as jex
+from jax.extend import source_info_util
+
+__all__ = ["INLINE_PRIMITIVES", "inner_jaxpr", "eval_eqn", "eval_jaxpr"]
+
+# Primitives that are pure calls: evaluating their body inline changes nothing but the
+# structure.  `remat2`/`checkpoint` is an existing user checkpoint: autoremat replaces it
+# with its own plan.
+INLINE_PRIMITIVES = frozenset({"jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint"})
+
+
+def inner_jaxpr(eqn) -> tuple[Any, Sequence[Any]]:
+    """Returns (jaxpr, consts) of a call-like equation's body."""
+    for key in ("jaxpr", "call_jaxpr"):
+        if key in eqn.params:
+            j = eqn.params[key]
+            if isinstance(j, jex.core.ClosedJaxpr):
+                return j.jaxpr, j.consts
+            return j, ()
+    raise KeyError(f"equation {eqn.primitive.name} has no inner jaxpr")
+
+
+def eval_eqn(eqn, invals: Sequence[Any]) -> list[Any]:
+    """Binds one equation to `invals`, keeping its source information and context."""
+    bound = eqn.primitive.get_bind_params(eqn.params)
+    # Older JAX returns (subfuns, params); 0.10+ returns params alone.
+    if isinstance(bound, tuple) and len(bound) == 2 and isinstance(bound[1], dict):
+        subfuns, bind_params = bound
+    else:
+        subfuns, bind_params = (), bound
+    name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
+    with source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack), eqn.ctx.manager:
+        out = eqn.primitive.bind(*subfuns, *invals, **bind_params)
+    return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def eval_jaxpr(
+    jaxpr,
+    consts: Sequence[Any],
+    args: Sequence[Any],
+    *,
+    inline: bool = True,
+    on_eqn: Callable[[int, Any, list[Any]], list[Any]] | None = None,
+) -> list[Any]:
+    """Evaluates `jaxpr`, inlining call-like primitives when `inline` is true.
+
+    Args:
+      jaxpr: a `jax.extend.core.Jaxpr`.
+      consts: values of its constvars.
+      args: values of its invars.
+      inline: recurse into `INLINE_PRIMITIVES` instead of binding them.
+      on_eqn: optional hook `(index, eqn, outvals) -> outvals` run after each equation
+        (used to tag values with `checkpoint_name`).
+    """
+    env: dict[Any, Any] = {}
+
+    def read(v):
+        return v.val if isinstance(v, jex.core.Literal) else env[v]
+
+    def write(v, val):
+        if not isinstance(v, jex.core.DropVar):
+            env[v] = val
+
+    for v, val in zip(jaxpr.constvars, consts):
+        write(v, val)
+    for v, val in zip(jaxpr.invars, args):
+        write(v, val)
+    for i, eqn in enumerate(jaxpr.eqns):
+        invals = [read(v) for v in eqn.invars]
+        if inline and eqn.primitive.name in INLINE_PRIMITIVES:
+            body, body_consts = inner_jaxpr(eqn)
+            outvals = eval_jaxpr(body, body_consts, invals, inline=True)
+        else:
+            outvals = eval_eqn(eqn, invals)
+        if on_eqn is not None:
+            outvals = on_eqn(i, eqn, outvals)
+        for v, val in zip(eqn.outvars, outvals):
+            write(v, val)
+    return [read(v) for v in jaxpr.outvars]

@@ -1,0 +1,211 @@
+"""Tracing a user function to one flat jaxpr that plans refer to.
+
+`trace(fn, args)` flattens pytree arguments, closes over static arguments, traces with
+`jax.make_jaxpr`, and re-traces through `_interpret.eval_jaxpr` so that nested `jit`
+calls and existing `jax.checkpoint` regions are inlined: every equation a plan talks about
+is then a top-level equation (or one inside a `scan`/`while`/`cond` body).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.extend as jex
+import numpy as np
+
+from autoremat._errors import UnsupportedFunctionError
+from autoremat.graph._interpret import eval_jaxpr
+
+__all__ = ["Traced", "trace", "structure_fingerprint", "describe_eqn"]
+
+
+@dataclass(frozen=True, eq=False)
+class Traced:
+    """A function traced for one argument signature.
+
+    Attributes:
+      closed_jaxpr: the flat (inlined) jaxpr over the flattened arguments.
+      in_tree: pytree structure of `(args, kwargs)` with static arguments removed.
+      out_tree: pytree structure of the output.
+      in_avals: abstract values of the flat inputs.
+      arg_names: a readable name per flat input (`params['w'][0]`, ...).
+      diff_mask: which flat inputs are differentiated (the leaves of `argnums`).
+      fingerprint: a hash of the jaxpr's structure (see `structure_fingerprint`).
+    """
+
+    closed_jaxpr: Any
+    in_tree: Any
+    out_tree: Any
+    in_avals: tuple
+    arg_names: tuple[str, ...]
+    diff_mask: tuple[bool, ...]
+    fingerprint: str
+    in_shardings: tuple = ()
+    argnums: tuple[int, ...] = (0,)
+    static_argnums: tuple[int, ...] = ()
+    has_aux: bool = False
+
+    @property
+    def jaxpr(self):
+        return self.closed_jaxpr.jaxpr
+
+
+def _normalize_argnums(argnums, nargs: int) -> tuple[int, ...]:
+    if isinstance(argnums, int):
+        argnums = (argnums,)
+    out = []
+    for a in argnums:
+        if not -nargs <= a < nargs:
+            raise UnsupportedFunctionError(
+                f"argnums {a} is out of range for a function called with {nargs} positional arguments")
+        out.append(a % nargs)
+    return tuple(out)
+
+
+def split_static(args: Sequence[Any], static_argnums: Sequence[int]):
+    """Returns (dynamic_args, static_positions->value)."""
+    static = {i % len(args): args[i] for i in static_argnums} if args else {}
+    dynamic = tuple(a for i, a in enumerate(args) if i not in static)
+    return dynamic, static
+
+
+def merge_static(dynamic: Sequence[Any], static: dict[int, Any]) -> tuple:
+    it = iter(dynamic)
+    n = len(dynamic) + len(static)
+    return tuple(static[i] if i in static else next(it) for i in range(n))
+
+
+def _path_name(path) -> str:
+    return jax.tree_util.keystr(path)
+
+
+def trace(fn, args: Sequence[Any], kwargs: dict | None = None, *, argnums=0,
+          static_argnums: Sequence[int] = (), has_aux: bool = False, inline: bool = True) -> Traced:
+    """Traces `fn(*args, **kwargs)` to a flat jaxpr.
+
+    Args:
+      fn: the function to be differentiated.  It must return a scalar floating-point
+        array (or `(scalar, aux)` with `has_aux=True`).
+      args: positional arguments (pytrees of arrays or `jax.ShapeDtypeStruct`).
+      kwargs: keyword arguments (pytrees; never differentiated).
+      argnums: which positional arguments are differentiated (as in `jax.grad`).
+      static_argnums: positional arguments closed over as Python values.
+      has_aux: the function returns `(loss, aux)`.
+      inline: inline nested `jit` calls and existing checkpoints.
+
+    Raises:
+      UnsupportedFunctionError: the output is not a scalar float, a value is not an array,
+        or the function has side effects remat cannot replay.
+    """
+    kwargs = dict(kwargs or {})
+    dynamic, static = split_static(tuple(args), static_argnums)
+    # argnums refer to positions in the full argument list; map them to dynamic positions.
+    argnums = _normalize_argnums(argnums, len(args))
+    bad = [a for a in argnums if a in static]
+    if bad:
+        raise UnsupportedFunctionError(f"argument(s) {bad} are both differentiated (argnums) and static")
+    dyn_positions = [i for i in range(len(args)) if i not in static]
+    diff_dyn = {dyn_positions.index(a) for a in argnums}
+
+    leaves_with_path, in_tree = jax.tree_util.tree_flatten_with_path((dynamic, kwargs))
+    leaves = [leaf for _, leaf in leaves_with_path]
+    names, diff_mask = [], []
+    for path, _ in leaves_with_path:
+        top = path[0].idx  # 0: positional, 1: kwargs
+        if top == 0:
+            pos = path[1].idx
+            full = dyn_positions[pos]
+            names.append(f"args[{full}]" + _path_name(path[2:]))
+            diff_mask.append(pos in diff_dyn)
+        else:
+            names.append("kwargs" + _path_name(path[1:]))
+            diff_mask.append(False)
+    for name, leaf in zip(names, leaves):
+        if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
+            raise UnsupportedFunctionError(
+                f"argument {name} is a {type(leaf).__name__}, not an array; mark it static with "
+                f"static_argnums or pass it as a jax array")
+    for name, leaf, d in zip(names, leaves, diff_mask):
+        if d and not jax.dtypes.issubdtype(leaf.dtype, np.inexact):
+            diff_mask[names.index(name)] = False  # integer leaves of params are not differentiated
+
+    def flat_fn(*flat):
+        dyn, kw = jax.tree_util.tree_unflatten(in_tree, flat)
+        return fn(*merge_static(dyn, static), **kw)
+
+    in_avals = tuple(jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=getattr(x, "sharding", None))
+                     if not isinstance(x, jax.ShapeDtypeStruct) else x for x in leaves)
+    try:
+        closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*in_avals)
+    except TypeError as e:
+        raise UnsupportedFunctionError(
+            f"could not trace {getattr(fn, '__name__', fn)!r}: {e}. autoremat needs a function of "
+            f"arrays that returns arrays") from e
+    out_tree = jax.tree_util.tree_structure(out_shape)
+    loss_shape = out_shape[0] if has_aux else out_shape
+    if has_aux and not (isinstance(out_shape, tuple) and len(out_shape) == 2):
+        raise UnsupportedFunctionError("has_aux=True needs fn to return a pair (loss, aux)")
+    if not (hasattr(loss_shape, "shape") and loss_shape.shape == ()
+            and jax.dtypes.issubdtype(loss_shape.dtype, np.floating)):
+        raise UnsupportedFunctionError(
+            f"{getattr(fn, '__name__', 'fn')} must return a scalar floating-point array to be "
+            f"differentiated, got {jax.tree_util.tree_map(lambda s: f'{s.dtype}{list(s.shape)}', loss_shape)}; "
+            f"reduce it to a scalar loss (or use has_aux=True for extra outputs)")
+    if closed.jaxpr.effects:
+        raise UnsupportedFunctionError(
+            f"{getattr(fn, '__name__', 'fn')} has side effects {sorted(map(str, closed.jaxpr.effects))}; "
+            f"jax.checkpoint would replay them during recomputation. Remove prints/callbacks/state "
+            f"from the differentiated function")
+    if inline:
+        closed = _inline(closed, in_avals)
+    return Traced(closed, in_tree, out_tree, tuple(v.aval for v in closed.jaxpr.invars),
+                  tuple(names), tuple(diff_mask), structure_fingerprint(closed.jaxpr),
+                  tuple(getattr(x, "sharding", None) for x in leaves), argnums, tuple(static_argnums), has_aux)
+
+
+def _inline(closed, in_avals):
+    jaxpr, consts = closed.jaxpr, closed.consts
+    f = functools.partial(eval_jaxpr, jaxpr, consts)
+    return jax.make_jaxpr(lambda *a: f(a))(*in_avals)
+
+
+def describe_eqn(eqn) -> str:
+    """A one-line description: `dot_general f32[8,16],f32[16,4] -> f32[8,4]`."""
+    ins = ",".join(v.aval.str_short(short_dtypes=True) for v in eqn.invars)
+    outs = ",".join(v.aval.str_short(short_dtypes=True) for v in eqn.outvars)
+    return f"{eqn.primitive.name} {ins} -> {outs}"
+
+
+def _structure_lines(jaxpr, prefix=""):
+    for i, eqn in enumerate(jaxpr.eqns):
+        yield f"{prefix}{i}:{describe_eqn(eqn)}"
+        for key in ("jaxpr", "call_jaxpr", "branches", "body_jaxpr", "cond_jaxpr"):
+            sub = eqn.params.get(key)
+            subs = sub if isinstance(sub, (tuple, list)) else [sub]
+            for k, s in enumerate(subs):
+                if s is None:
+                    continue
+                inner = s.jaxpr if isinstance(s, jex.core.ClosedJaxpr) else s
+                if isinstance(inner, jex.core.Jaxpr):
+                    yield from _structure_lines(inner, f"{prefix}{i}/{key}{k}/")
+
+
+def structure_lines(jaxpr) -> list[str]:
+    """The structural description a plan's fingerprint is computed from, one line per equation."""
+    ins = ",".join(v.aval.str_short(short_dtypes=True) for v in jaxpr.invars)
+    return [f"in:{ins}"] + list(_structure_lines(jaxpr))
+
+
+def structure_fingerprint(jaxpr) -> str:
+    """A short hash of the jaxpr's equations (primitives, shapes, nesting).
+
+    Two traces of the same function with the same argument shapes have the same
+    fingerprint; a changed model or other shapes do not.
+    """
+    h = hashlib.sha256("\n".join(structure_lines(jaxpr)).encode())
+    return h.hexdigest()[:16]

@@ -1,0 +1,246 @@
+"""`apply(fn, plan)`: realize a plan by re-evaluating fn's jaxpr (DESIGN.md fact 2).
+
+The function is traced once per argument signature; its flat jaxpr is evaluated equation
+by equation.  Each `Region` of the plan becomes a `jax.checkpoint` whose policy is
+name-based (`save_only_these_names`, or `save_and_offload_only_these_names` when the region
+offloads), and the values the plan keeps are tagged with `checkpoint_name`.  Scans with a
+`ScanPlan` are re-issued through `jax.lax.scan` with a checkpointed body.  Because only
+names and public policies are used, the result behaves the same with `jax_remat3` on and
+off and under `jit`, `grad`, `value_and_grad` and `vmap`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.extend as jex
+from jax.ad_checkpoint import checkpoint_name
+
+from autoremat._errors import PlanMismatchError
+from autoremat.graph._interpret import eval_eqn
+from autoremat.graph._trace import Traced, merge_static, split_static, trace
+from autoremat.runtime._plan import Plan, Region, ScanPlan, checkpoint_names
+
+__all__ = ["apply", "evaluate_plan", "check_plan_matches", "region_policy"]
+
+
+def region_policy(saved_names: Sequence[str], offloaded_names: Sequence[str]):
+    """The name-based policy a region uses."""
+    cp = jax.checkpoint_policies
+    if offloaded_names:
+        return cp.save_and_offload_only_these_names(
+            names_which_can_be_saved=list(saved_names), names_which_can_be_offloaded=list(offloaded_names),
+            offload_src="device", offload_dst="pinned_host")
+    return cp.save_only_these_names(*saved_names)
+
+
+def check_plan_matches(plan: Plan, traced: Traced, fn_name: str = "fn") -> None:
+    """Raises PlanMismatchError, saying what differs, if `plan` was made for another function."""
+    if plan.fingerprint == traced.fingerprint:
+        return
+    from autoremat.graph._trace import describe_eqn
+
+    eqns = traced.jaxpr.eqns
+    now = [describe_eqn(e) for e in eqns]
+    detail = f"the plan has {plan.n_eqns} top-level equations, {fn_name} now has {len(eqns)}"
+    for i, (a, b) in enumerate(zip(plan.structure, now)):
+        if a != b:
+            detail += f"; first difference at equation {i}: plan has `{a}`, function has `{b}`"
+            break
+    else:
+        ins_now = ",".join(v.aval.str_short(short_dtypes=True) for v in traced.jaxpr.invars)
+        detail += f"; argument shapes now {ins_now}"
+    raise PlanMismatchError(
+        f"this plan was made for a different function or other argument shapes (fingerprint "
+        f"{plan.fingerprint}, {fn_name} traces to {traced.fingerprint}): {detail}. "
+        f"Re-run the search for the changed function")
+
+
+def _live_sets(jaxpr, start: int, stop: int):
+    """(inputs, outputs) variables of the equation range [start, stop)."""
+    defined, ins = set(), {}
+    for eqn in jaxpr.eqns[start:stop]:
+        for v in eqn.invars:
+            if not isinstance(v, jex.core.Literal) and v not in defined:
+                ins.setdefault(v, None)
+        for v in eqn.outvars:
+            defined.add(v)
+    used_after = set()
+    for eqn in jaxpr.eqns[stop:]:
+        used_after.update(v for v in eqn.invars if not isinstance(v, jex.core.Literal))
+    used_after.update(v for v in jaxpr.outvars if not isinstance(v, jex.core.Literal))
+    outs = [v for eqn in jaxpr.eqns[start:stop] for v in eqn.outvars if v in used_after]
+    return list(ins), outs
+
+
+class _Evaluator:
+    """Evaluates one flat jaxpr under a plan."""
+
+    def __init__(self, traced: Traced, plan: Plan):
+        self.jaxpr = traced.jaxpr
+        self.consts = traced.closed_jaxpr.consts
+        self.plan = plan
+        self.scans = {s.op: s for s in plan.scans}
+        # id of each top-level var, for tagging
+        self.var_ids = {}
+        for i, eqn in enumerate(self.jaxpr.eqns):
+            for j, v in enumerate(eqn.outvars):
+                self.var_ids[v] = f"e{i}:{j}"
+
+    def __call__(self, flat_args):
+        env = {}
+        for v, val in zip(self.jaxpr.constvars, self.consts):
+            env[v] = val
+        for v, val in zip(self.jaxpr.invars, flat_args):
+            env[v] = val
+        self._run_range(env, 0, len(self.jaxpr.eqns), self.plan.regions, tags={})
+        return [v.val if isinstance(v, jex.core.Literal) else env[v] for v in self.jaxpr.outvars]
+
+    def _run_range(self, env, start, stop, regions: Sequence[Region], tags: dict):
+        i = start
+        for r in regions:
+            for k in range(i, r.start):
+                self._eqn(env, k, tags)
+            self._region(env, r)
+            i = r.stop
+        for k in range(i, stop):
+            self._eqn(env, k, tags)
+
+    def _eqn(self, env, k, tags):
+        eqn = self.jaxpr.eqns[k]
+        invals = [v.val if isinstance(v, jex.core.Literal) else env[v] for v in eqn.invars]
+        oid = f"e{k}"
+        if oid in self.scans and eqn.primitive.name == "scan":
+            outvals = _run_scan(eqn, invals, self.scans[oid], self.plan, oid)
+        else:
+            outvals = eval_eqn(eqn, invals)
+        for j, (v, val) in enumerate(zip(eqn.outvars, outvals)):
+            vid = f"{oid}:{j}"
+            if vid in tags:
+                val = checkpoint_name(val, tags[vid])
+            if not isinstance(v, jex.core.DropVar):
+                env[v] = val
+
+    def _region(self, env, r: Region):
+        ins, outs = _live_sets(self.jaxpr, r.start, r.stop)
+        tags = {}
+        tags.update(checkpoint_names(self.plan.values, r.saved))
+        tags.update(checkpoint_names(self.plan.values, r.offloaded))
+        # A user-named value is already tagged by its own `name` equation.
+        for vid in list(tags):
+            rec = self.plan.values.get(vid)
+            if rec is not None and rec.name and rec.primitive == "name":
+                del tags[vid]
+        saved = sorted(set(checkpoint_names(self.plan.values, r.saved).values()))
+        offloaded = sorted(set(checkpoint_names(self.plan.values, r.offloaded).values()))
+
+        def body(*in_vals):
+            local = dict(zip(ins, in_vals))
+            self._run_range(local, r.start, r.stop, r.children, tags)
+            return [local[v] for v in outs]
+
+        fn = jax.checkpoint(body, policy=region_policy(saved, offloaded), prevent_cse=True)
+        out_vals = fn(*[env[v] for v in ins])
+        for v, val in zip(outs, out_vals):
+            env[v] = val
+
+
+def _run_scan(eqn, invals, sp: ScanPlan, plan: Plan, oid: str):
+    """Re-issues a scan with its body evaluated under a checkpoint with named values."""
+    p = eqn.params
+    nc, ncar = p["num_consts"], p["num_carry"]
+    body = p["jaxpr"]
+    bj, bconsts = body.jaxpr, body.consts
+    consts, init, xs = invals[:nc], invals[nc:nc + ncar], invals[nc + ncar:]
+    prefix = f"{oid}/body/"
+    tags = checkpoint_names(plan.values, sp.saved | sp.offloaded)
+    for vid in list(tags):
+        rec = plan.values.get(vid)
+        if rec is not None and rec.name and rec.primitive == "name":
+            del tags[vid]
+    saved = sorted(set(checkpoint_names(plan.values, sp.saved).values()))
+    offloaded = sorted(set(checkpoint_names(plan.values, sp.offloaded).values()))
+
+    def step(carry, x):
+        env = dict(zip(bj.constvars, bconsts))
+        env.update(zip(bj.invars, list(consts) + list(carry) + list(x)))
+        for k, e in enumerate(bj.eqns):
+            vals = eval_eqn(e, [v.val if isinstance(v, jex.core.Literal) else env[v] for v in e.invars])
+            for j, (v, val) in enumerate(zip(e.outvars, vals)):
+                vid = f"{prefix}e{k}:{j}"
+                if vid in tags:
+                    val = checkpoint_name(val, tags[vid])
+                if not isinstance(v, jex.core.DropVar):
+                    env[v] = val
+        outs = [v.val if isinstance(v, jex.core.Literal) else env[v] for v in bj.outvars]
+        return list(outs[:ncar]), list(outs[ncar:])
+
+    step = jax.checkpoint(step, policy=region_policy(saved, offloaded), prevent_cse=True)
+    kw = {}
+    if "_split_transpose" in p:
+        kw["_split_transpose"] = p["_split_transpose"]
+    carry, ys = jax.lax.scan(step, list(init), list(xs), length=p["length"], reverse=p["reverse"],
+                             unroll=p["unroll"], **kw)
+    return list(carry) + list(ys)
+
+
+def evaluate_plan(traced: Traced, plan: Plan, flat_args):
+    """Evaluates the traced function's flat jaxpr under `plan` (flat outputs)."""
+    return _Evaluator(traced, plan)(flat_args)
+
+
+def apply(fn, plan: Plan):
+    """Returns `fn` rewritten so that its gradient follows `plan`.
+
+    The returned function has fn's signature and output structure; its values and
+    gradients equal fn's.  The plan's fingerprint is checked against the traced function
+    at each new argument signature.
+
+    Raises:
+      PlanMismatchError: fn (or the argument shapes) changed since the plan was made.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from autoremat.runtime import Plan, Region, apply
+      >>> def loss(w, x):
+      ...     for _ in range(3):
+      ...         x = jnp.tanh(x @ w)
+      ...     return jnp.sum(x)
+      >>> w, x = jnp.ones((4, 4)) * 0.1, jnp.ones((2, 4))
+      >>> from autoremat.graph import trace
+      >>> t = trace(loss, (w, x))
+      >>> plan = Plan(t.fingerprint, len(t.jaxpr.eqns), regions=(Region(0, 2), Region(2, 4), Region(4, 6)))
+      >>> g1 = jax.grad(loss)(w, x); g2 = jax.grad(apply(loss, plan))(w, x)
+      >>> bool(jnp.allclose(g1, g2))
+      True
+    """
+    cache: dict = {}
+    name = getattr(fn, "__name__", "fn")
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        dynamic, static = split_static(args, plan.static_argnums)
+        leaves, treedef = jax.tree_util.tree_flatten((dynamic, kwargs))
+        key = (treedef, tuple((tuple(jax.numpy.shape(x)), str(jax.numpy.result_type(x))) for x in leaves),
+               tuple(sorted((k, _static_key(v)) for k, v in static.items())))
+        traced = cache.get(key)
+        if traced is None:
+            traced = trace(fn, args, kwargs, argnums=plan.argnums, static_argnums=plan.static_argnums,
+                           has_aux=plan.has_aux)
+            check_plan_matches(plan, traced, name)
+            cache[key] = traced
+        out = evaluate_plan(traced, plan, leaves)
+        return jax.tree_util.tree_unflatten(traced.out_tree, out)
+
+    wrapped.plan = plan
+    return wrapped
+
+
+def _static_key(v):
+    try:
+        hash(v)
+        return v
+    except TypeError:
+        return id(v)

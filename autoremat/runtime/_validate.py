@@ -1,0 +1,151 @@
+"""Validate a plan by compiling `jax.value_and_grad` of the rewritten function with XLA.
+
+The compiled peak is `argument + output + temp - alias` from `memory_analysis()` (on CPU,
+`peak_memory_in_bytes` does not move with the plan: DESIGN.md fact 5); on GPU the value XLA
+reports as peak is recorded beside it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import jax
+
+from autoremat._xla import cpu_flags_active
+from autoremat.runtime._plan import Plan
+
+__all__ = ["CompiledStats", "ValidationReport", "compiled_stats", "validate"]
+
+
+@dataclass(frozen=True)
+class CompiledStats:
+    """What XLA says about one compiled `value_and_grad` step."""
+
+    peak_bytes: int
+    argument_bytes: int
+    output_bytes: int
+    temp_bytes: int
+    alias_bytes: int
+    host_bytes: int
+    xla_peak_bytes: int | None
+    flops: float | None
+    step_time: float | None = None
+    step_times: tuple[float, ...] = ()
+    backend: str = ""
+    compile_time: float = 0.0
+
+
+def _value_and_grad(f, argnums, has_aux):
+    return jax.value_and_grad(f, argnums=argnums, has_aux=has_aux)
+
+
+def compiled_stats(fn, *args, argnums=0, static_argnums=(), has_aux=False, n_steps: int = 0,
+                   warmup: int = 1, **kwargs) -> CompiledStats:
+    """Compiles `jax.value_and_grad(fn)` for `args` and reads memory, FLOPs and (optionally) time.
+
+    Args:
+      fn: the function (original or rewritten).
+      *args, **kwargs: example arguments (concrete arrays when `n_steps > 0`).
+      n_steps: if positive, run the compiled step this many times and report the median.
+    """
+    backend = jax.default_backend()
+    if backend == "cpu" and not cpu_flags_active():
+        warnings.warn(
+            "XLA:CPU flags for remat are not set, so compiled memory will not reflect the plan; "
+            "set XLA_FLAGS before importing jax (see autoremat._xla.CPU_XLA_FLAGS), e.g. run "
+            "`autoremat.configure_cpu_flags()` first thing", stacklevel=2)
+    step = jax.jit(_value_and_grad(fn, argnums, has_aux), static_argnums=static_argnums)
+    t0 = time.perf_counter()
+    compiled = step.lower(*args, **kwargs).compile()
+    compile_time = time.perf_counter() - t0
+    m = compiled.memory_analysis()
+    arg, out, temp, alias = (int(getattr(m, k, 0) or 0) for k in (
+        "argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes", "alias_size_in_bytes"))
+    host = sum(int(getattr(m, k, 0) or 0) for k in (
+        "host_temp_size_in_bytes", "host_argument_size_in_bytes", "host_output_size_in_bytes"))
+    xla_peak = getattr(m, "peak_memory_in_bytes", None)
+    flops = None
+    try:
+        ca = compiled.cost_analysis()
+        if isinstance(ca, (list, tuple)):
+            ca = ca[0] if ca else {}
+        flops = float(ca.get("flops")) if ca and "flops" in ca else None
+    except Exception:  # pragma: no cover - backend without cost analysis
+        flops = None
+    times: list[float] = []
+    if n_steps > 0:
+        dyn_args = [a for i, a in enumerate(args) if i not in set(static_argnums)]
+        for i in range(warmup + n_steps):
+            t0 = time.perf_counter()
+            jax.block_until_ready(compiled(*dyn_args, **kwargs))
+            if i >= warmup:
+                times.append(time.perf_counter() - t0)
+    return CompiledStats(arg + out + temp - alias, arg, out, temp, alias, host,
+                         int(xla_peak) if xla_peak is not None else None, flops,
+                         statistics.median(times) if times else None, tuple(times), backend, compile_time)
+
+
+@dataclass(frozen=True)
+class ValidationReport:
+    """The compiled truth about a plan.
+
+    Attributes:
+      compiled: the compiled step's `CompiledStats`.
+      predicted_peak: the plan's predicted peak (bytes), if it has one.
+      budget: the plan's budget (bytes), if it has one.
+      fits: compiled peak <= budget (None without a budget).
+      peak_error: (predicted - compiled) / compiled, if a prediction exists.
+    """
+
+    compiled: CompiledStats
+    predicted_peak: int | None
+    budget: int | None
+    fits: bool | None
+    peak_error: float | None
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def compiled_peak(self) -> int:
+        return self.compiled.peak_bytes
+
+    def __str__(self) -> str:
+        from autoremat.solver._budget import format_bytes
+
+        c = self.compiled
+        lines = [f"compiled peak   {format_bytes(c.peak_bytes)}  (arguments {format_bytes(c.argument_bytes)}, "
+                 f"outputs {format_bytes(c.output_bytes)}, temp {format_bytes(c.temp_bytes)}, "
+                 f"alias {format_bytes(c.alias_bytes)}; backend {c.backend})"]
+        if c.host_bytes:
+            lines.append(f"host memory     {format_bytes(c.host_bytes)}")
+        if c.xla_peak_bytes:
+            lines.append(f"XLA peak        {format_bytes(c.xla_peak_bytes)}")
+        if self.predicted_peak is not None:
+            lines.append(f"predicted peak  {format_bytes(self.predicted_peak)}  (error {self.peak_error:+.1%})")
+        if self.budget is not None:
+            lines.append(f"budget          {format_bytes(self.budget)}  -> {'fits' if self.fits else 'DOES NOT FIT'}")
+        if c.flops is not None:
+            lines.append(f"compiled FLOPs  {c.flops:.4g}")
+        if c.step_time is not None:
+            lines.append(f"step time       {c.step_time * 1e3:.2f} ms (median of {len(c.step_times)})")
+        lines.extend(self.notes)
+        return "\n".join(lines)
+
+
+def validate(fn, plan: Plan, *args, n_steps: int = 0, **kwargs) -> ValidationReport:
+    """Compiles `jax.value_and_grad(apply(fn, plan))` and compares it with the plan.
+
+    Returns a `ValidationReport` with the compiled peak, host memory used by offload,
+    compiled FLOPs, the predicted peak and its error, and optionally the median step time.
+    """
+    from autoremat.runtime._apply import apply
+
+    stats = compiled_stats(apply(fn, plan), *args, argnums=plan.argnums, static_argnums=plan.static_argnums,
+                           has_aux=plan.has_aux, n_steps=n_steps, **kwargs)
+    err = None
+    if plan.predicted_peak:
+        err = (plan.predicted_peak - stats.peak_bytes) / max(stats.peak_bytes, 1)
+    fits = None if plan.budget is None else stats.peak_bytes <= plan.budget
+    return ValidationReport(stats, plan.predicted_peak, plan.budget, fits, err)

@@ -1,0 +1,194 @@
+"""Exact chain solver: a CP-SAT model of the partition and its memory stages.
+
+The formulation follows the style of Checkmate (Jain et al., "Checkmate:
+Breaking the Memory Wall with Optimal Tensor Rematerialization", MLSys 2020)
+and Moccasin (Bartan et al., "Moccasin: Efficient Tensor Rematerialization for
+Neural Networks", ICML 2023): boolean decisions, integer memory accumulators,
+constraints in labelled sections. The problem itself is Rotor's chain view
+(Beaumont, Herrmann et al., 2019/2021): a partition of the chain into regions.
+
+Variables:
+  x[j, i, o]  boolean: region ``[j, i)`` is in the plan with option ``o``.
+  P[p]        integer: bytes stored by the regions before position ``p`` (in
+              ``byte_unit`` units); meaningful for positions on the path.
+
+Constraints:
+  (1) path:     for each position p, sum_out x - sum_in x = 1 at p=0, -1 at p=n, 0 else;
+                the regions form a DAG so this is one path 0 -> n, i.e. a partition.
+  (2) prefix:   P[0] = 0;  x[j, i, o] => P[i] = P[j] + s_o.
+  (3) stage:    x[j, i, o] => P[j] + b_o <= cap       (the backward of region [j, i))
+  (4) forward:  P[n] <= cap                          (everything stored at the forward's end)
+  where cap = budget - base_bytes.
+
+Objective: minimize sum t_o * x[j, i, o], times in integer nanoseconds
+(``round(seconds * 1e9)``), so the optimum is exact up to 0.5 ns per region.
+
+Bytes are exact integers while ``cap <= 2**40``; above, they are counted in
+units of ``byte_unit = ceil(cap / 2**40)`` bytes, stored and backward bytes
+rounded up and ``cap`` down, so every plan the model accepts truly fits (the
+result is then reported ``"feasible"``, not optimal). Every plan is re-checked
+with ``evaluate``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+
+from ortools.sat.python import cp_model
+
+from autoremat._errors import SolverError
+from autoremat.solver._chain import (
+    ChainProblem,
+    Segment,
+    SolveResult,
+    check_budget,
+    evaluate,
+    infeasible_result,
+    lowest_peak,
+    make_result,
+    relative_gap,
+    unknown_result,
+)
+from autoremat.solver._budget import format_bytes
+
+__all__ = ["solve_cpsat"]
+
+_MAX_CAP_UNITS = 2**40
+
+
+def _ns(seconds: float) -> int:
+    return int(round(seconds * 1e9))
+
+
+def solve_cpsat(
+    problem: ChainProblem,
+    budget: int,
+    *,
+    time_limit: float | None = None,
+    hint: Sequence[Segment] | None = None,
+    num_workers: int = 2,
+    seed: int = 0,
+) -> SolveResult:
+    """Least extra time with peak <= budget, solved exactly with CP-SAT.
+
+    Args:
+      problem: the chain.
+      budget: bytes.
+      time_limit: seconds for CP-SAT (None: no limit).
+      hint: a plan to start from (e.g. ``solve_dp``'s); must be valid for the problem.
+      num_workers: CP-SAT search workers.
+      seed: CP-SAT random seed, for reproducible runs.
+
+    Returns:
+      ``"optimal"`` (gap 0), ``"feasible"`` with the gap proven from CP-SAT's
+      best bound when the time limit stops it, ``"unknown"`` when no plan was
+      found in time, ``"infeasible"`` (with ``lowest_peak``) exactly when
+      budget < lowest peak.
+
+    Raises:
+      ValueError: the hint is not a valid plan.
+      SolverError: CP-SAT rejects the model or returns a plan that breaks the budget.
+    """
+    t0 = time.perf_counter()
+    budget = check_budget(budget)
+    if hint is not None:
+        hint = tuple(hint)
+        evaluate(problem, hint)  # raises ValueError on an invalid plan
+    if budget < lowest_peak(problem):
+        return infeasible_result(problem, t0=t0, solver="cpsat")
+
+    # ---- Data -----------------------------------------------------------------
+    n = problem.n_blocks
+    cap_bytes = budget - problem.base_bytes
+    byte_unit = max(1, -(-cap_bytes // _MAX_CAP_UNITS))
+    cap = cap_bytes // byte_unit
+
+    def units(nbytes: int) -> int:
+        return -(-nbytes // byte_unit)
+
+    model = cp_model.CpModel()
+
+    # ---- Variables ------------------------------------------------------------
+    # x[j, i, o]; options that can never fit are left out.
+    x: dict[tuple[int, int, int], cp_model.IntVar] = {}
+    for (j, i), opts in sorted(problem.options.items()):
+        for o, opt in enumerate(opts):
+            if units(opt.stored_bytes) <= cap and units(opt.backward_bytes) <= cap:
+                x[j, i, o] = model.new_bool_var(f"x[{j},{i},{o}]")
+    P = [model.new_int_var(0, cap, f"P[{p}]") for p in range(n + 1)]  # (4) forward: P[n] <= cap by domain
+
+    # ---- (1) path: one chain of regions from 0 to n ------------------------------
+    out_arcs: dict[int, list] = {p: [] for p in range(n + 1)}
+    in_arcs: dict[int, list] = {p: [] for p in range(n + 1)}
+    for (j, i, o), var in x.items():
+        out_arcs[j].append(var)
+        in_arcs[i].append(var)
+    for p in range(n + 1):
+        if not out_arcs[p] and not in_arcs[p]:
+            continue
+        supply = 1 if p == 0 else (-1 if p == n else 0)
+        model.add(sum(out_arcs[p]) - sum(in_arcs[p]) == supply)
+
+    # ---- (2) prefix: P[i] = P[j] + s_o on chosen regions -------------------------
+    model.add(P[0] == 0)
+    for (j, i, o), var in x.items():
+        opt = problem.options[j, i][o]
+        model.add(P[i] == P[j] + units(opt.stored_bytes)).only_enforce_if(var)
+
+    # ---- (3) stage: the backward of each chosen region fits ------------------------
+    for (j, i, o), var in x.items():
+        opt = problem.options[j, i][o]
+        model.add(P[j] + units(opt.backward_bytes) <= cap).only_enforce_if(var)
+
+    # ---- Objective: extra time in nanoseconds ---------------------------------------
+    model.minimize(sum(_ns(problem.options[j, i][o].extra_time) * var for (j, i, o), var in x.items()))
+
+    # ---- Warm start ---------------------------------------------------------------
+    if hint is not None:
+        chosen = set()
+        prefix = 0
+        for seg in hint:
+            o = problem.options[seg.start, seg.stop].index(seg.option)
+            chosen.add((seg.start, seg.stop, o))
+            model.add_hint(P[seg.start], min(prefix, cap))
+            prefix += units(seg.option.stored_bytes)
+        model.add_hint(P[n], min(prefix, cap))
+        for key, var in x.items():
+            model.add_hint(var, key in chosen)
+
+    # ---- Solve ------------------------------------------------------------------------
+    solver = cp_model.CpSolver()
+    if time_limit is not None:
+        solver.parameters.max_time_in_seconds = max(float(time_limit), 0.0)
+    solver.parameters.num_workers = num_workers
+    solver.parameters.random_seed = seed
+    status = solver.solve(model)
+
+    # ---- Read out ---------------------------------------------------------------------
+    if status == cp_model.MODEL_INVALID:
+        raise SolverError(f"CP-SAT rejected the chain model: {model.validate()}")
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        # INFEASIBLE here can only come from the conservative byte scaling.
+        return unknown_result(t0=t0, solver="cpsat")
+    segments = []
+    p = 0
+    while p < n:
+        (j, i, o) = next(k for k in x if k[0] == p and solver.boolean_value(x[k]))
+        segments.append(Segment(j, i, problem.options[j, i][o]))
+        p = i
+    peak, _ = evaluate(problem, segments)
+    if peak > budget:
+        raise SolverError(
+            f"CP-SAT returned a plan with peak {format_bytes(peak)} over the budget {format_bytes(budget)}; "
+            "this is a bug in the chain model"
+        )
+    if status == cp_model.OPTIMAL and byte_unit == 1:
+        gap = 0.0
+    elif byte_unit == 1:
+        gap = relative_gap(solver.objective_value / 1e9, solver.best_objective_bound / 1e9)
+    else:
+        gap = math.nan  # the bound is for the scaled model, not a bound for this one
+    status_name = "optimal" if gap == 0.0 else "feasible"
+    return make_result(problem, segments, status=status_name, gap=gap, t0=t0, solver="cpsat")
