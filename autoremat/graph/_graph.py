@@ -25,7 +25,7 @@ import networkx as nx
 import numpy as np
 from jax.extend import source_info_util
 
-from autoremat.graph._costs import OpCost, aval_bytes, eqn_cost
+from autoremat.graph._costs import OpCost, aval_bytes, aval_size, eqn_cost
 from autoremat.graph._profiles import DeviceProfile, get_profile
 from autoremat.graph._residuals import EqnResiduals, eqn_residuals
 from autoremat.graph._trace import Traced, trace
@@ -34,6 +34,9 @@ __all__ = ["ValueInfo", "OpInfo", "Graph", "build_graph", "graph_from_traced"]
 
 # Control flow whose bodies are kept as nested graphs.
 _BODY_KEYS = {"scan": ("jaxpr",), "while": ("cond_jaxpr", "body_jaxpr"), "cond": ("branches",)}
+# Primitives with float outputs whose derivative is zero (JAX gives them a symbolic-zero
+# tangent, so nothing downstream of them is linearized through them).
+_ZERO_DERIVATIVE = frozenset({"stop_gradient", "sign", "floor", "ceil", "round", "bitcast_convert_type"})
 
 
 @dataclass(frozen=True)
@@ -178,8 +181,10 @@ def graph_from_traced(t: Traced, *, profile=None) -> Graph:
     divisors = []
     for aval, sds_sharding in zip(t.in_avals, _input_shardings(t)):
         divisors.append(_sharding_divisor(aval, sds_sharding))
+    # Only the loss (the first output) is differentiated; aux outputs are not.
+    live_out = [i == 0 for i in range(len(jaxpr.outvars))]
     g = _build(jaxpr, prof, prefix="", in_diff=list(t.diff_mask), in_div=divisors,
-               arg_names=list(t.arg_names), multiplicity=1)
+               arg_names=list(t.arg_names), multiplicity=1, live_out=live_out)
     g.traced = t
     g.nx = _to_nx(g)
     return g
@@ -209,7 +214,7 @@ def _src(eqn) -> str:
 
 
 def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_div: list[float],
-           arg_names: list[str] | None, multiplicity: int) -> Graph:
+           arg_names: list[str] | None, multiplicity: int, live_out: list[bool] | None = None) -> Graph:
     values: dict[str, ValueInfo] = {}
     ops: dict[str, OpInfo] = {}
     var_id: dict[int, str] = {}
@@ -222,6 +227,9 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
 
     def add_value(v, vid, producer, source, kind, d, dv, arg_name=None, name=None):
         aval = v.aval
+        # A value cannot be split into more pieces than it has elements (a scalar loss
+        # computed from sharded activations is replicated, not 1/8 of a float).
+        dv = min(dv, max(aval_size(aval), 1))
         nbytes = int(aval_bytes(aval) / dv) if dv > 1 else aval_bytes(aval)
         dtype = str(aval.dtype) if hasattr(aval, "dtype") else "token"
         values[vid] = ValueInfo(vid, tuple(getattr(aval, "shape", ())), dtype, nbytes, producer, source,
@@ -230,6 +238,7 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
         diff[vid] = d
         div[vid] = dv
 
+    live = _grad_live_eqns(jaxpr, live_out)
     for i, v in enumerate(jaxpr.constvars):
         add_value(v, f"{prefix}c{i}", None, "", "const", False, 1.0)
     inputs = []
@@ -251,12 +260,13 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
         user_name = eqn.params.get("name") if eqn.primitive.name == "name" else None
         for j, v in enumerate(eqn.outvars):
             vid = f"{oid}:{j}"
-            add_value(v, vid, oid, src, "intermediate", any_d and is_float(v.aval), out_div, name=user_name)
+            out_d = any_d and is_float(v.aval) and eqn.primitive.name not in _ZERO_DERIVATIVE
+            add_value(v, vid, oid, src, "intermediate", out_d, out_div, name=user_name)
             out_ids.append(vid)
         if user_name is not None and in_ids[0] is not None:
             # checkpoint_name is an identity: its input carries the user's name too.
             named_alias[in_ids[0]] = user_name
-        res = eqn_residuals(eqn, in_d) if any_d else EqnResiduals((False,) * len(in_ids), (False,) * len(out_ids), 0)
+        res = eqn_residuals(eqn, in_d) if any_d and live[idx] else EqnResiduals((False,) * len(in_ids), (False,) * len(out_ids), 0)
         bodies = _bodies(eqn, oid, prof, in_d, [div[x] if x else 1.0 for x in in_ids], multiplicity)
         cost = eqn_cost(eqn)
         if out_div > 1:
@@ -278,6 +288,24 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
             values[vid] = _replace(values[vid], name=name)
     outputs = tuple(var_id[id(v)] for v in jaxpr.outvars if not isinstance(v, jex.core.Literal))
     return Graph(values, ops, tuple(inputs), outputs, prof, prefix)
+
+
+def _grad_live_eqns(jaxpr, live_out: list[bool] | None) -> list[bool]:
+    """Per equation, whether a cotangent reaches it from a differentiated output.
+
+    The backward pass of an equation whose outputs only feed `stop_gradient`, aux outputs
+    or nothing is dead code in JAX's linearization: it keeps no residuals.
+    """
+    outs = jaxpr.outvars if live_out is None else [v for v, k in zip(jaxpr.outvars, live_out) if k]
+    needed = {id(v) for v in outs if not isinstance(v, jex.core.Literal)}
+    live = [False] * len(jaxpr.eqns)
+    for idx in range(len(jaxpr.eqns) - 1, -1, -1):
+        eqn = jaxpr.eqns[idx]
+        if eqn.primitive.name in _ZERO_DERIVATIVE or not any(id(v) in needed for v in eqn.outvars):
+            continue
+        live[idx] = True
+        needed.update(id(v) for v in eqn.invars if not isinstance(v, jex.core.Literal))
+    return live
 
 
 def _replace(v: ValueInfo, **kw) -> ValueInfo:

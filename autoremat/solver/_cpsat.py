@@ -9,14 +9,22 @@ constraints in labelled sections. The problem itself is Rotor's chain view
 
 Variables:
   x[j, i, o]  boolean: region ``[j, i)`` is in the plan with option ``o``.
-  P[p]        integer: bytes stored by the regions before position ``p`` (in
-              ``byte_unit`` units); meaningful for positions on the path.
+  P[p]        integer: bytes stored by the chosen regions that end at or before
+              position ``p`` (in ``byte_unit`` units); for a position on the
+              path, what the regions before it store.
+
+Sections (2) and (3) are linear, with no enforcement literals: because exactly
+one chosen region starts at each position on the path and none elsewhere, the
+per-region implication ``x[j, i, o] => P[j] + b_o <= cap`` is the same as the
+aggregated row in (3), whose LP relaxation is much tighter than a big-M one.
 
 Constraints:
   (1) path:     for each position p, sum_out x - sum_in x = 1 at p=0, -1 at p=n, 0 else;
                 the regions form a DAG so this is one path 0 -> n, i.e. a partition.
-  (2) prefix:   P[0] = 0;  x[j, i, o] => P[i] = P[j] + s_o.
-  (3) stage:    x[j, i, o] => P[j] + b_o <= cap       (the backward of region [j, i))
+  (2) prefix:   P[0] = 0;  P[p] = P[p-1] + sum_{(j, o)} s_o x[j, p, o],  i.e. sum over i <= p
+                (on the path: the bytes the regions before p store).
+  (3) stage:    P[j] + sum_{(i, o)} b_o x[j, i, o] <= cap    for every position j
+                (the backward of the region starting at j; at most one does).
   (4) forward:  P[n] <= cap                          (everything stored at the forward's end)
   where cap = budget - base_bytes.
 
@@ -60,6 +68,16 @@ _MAX_CAP_UNITS = 2**40
 
 def _ns(seconds: float) -> int:
     return int(round(seconds * 1e9))
+
+
+def _sum(variables: list) -> cp_model.LinearExprT:
+    return cp_model.LinearExpr.sum(variables) if variables else 0
+
+
+def _weighted(terms: list[tuple[cp_model.IntVar, int]]) -> cp_model.LinearExprT:
+    if not terms:
+        return 0
+    return cp_model.LinearExpr.weighted_sum([v for v, _ in terms], [c for _, c in terms])
 
 
 def solve_cpsat(
@@ -129,32 +147,39 @@ def solve_cpsat(
         if not out_arcs[p] and not in_arcs[p]:
             continue
         supply = 1 if p == 0 else (-1 if p == n else 0)
-        model.add(sum(out_arcs[p]) - sum(in_arcs[p]) == supply)
+        model.add(_sum(out_arcs[p]) - _sum(in_arcs[p]) == supply)
 
-    # ---- (2) prefix: P[i] = P[j] + s_o on chosen regions -------------------------
+    # ---- (2) prefix: P[p] = sum of s_o over regions ending at or before p --------
+    # On the path these are exactly the regions before p, so the equality holds
+    # without enforcement literals (a much tighter LP relaxation than big-M).
+    ending_at: list[list] = [[] for _ in range(n + 1)]
+    for (j, i, o), var in x.items():
+        ending_at[i].append((var, units(problem.options[j, i][o].stored_bytes)))
     model.add(P[0] == 0)
-    for (j, i, o), var in x.items():
-        opt = problem.options[j, i][o]
-        model.add(P[i] == P[j] + units(opt.stored_bytes)).only_enforce_if(var)
+    for p in range(1, n + 1):
+        model.add(P[p] == P[p - 1] + _weighted(ending_at[p]))
 
-    # ---- (3) stage: the backward of each chosen region fits ------------------------
+    # ---- (3) stage: P[j] + sum_{i,o} b_o x[j, i, o] <= cap --------------------------
+    # At most one region starts at j, and none if j is off the path (then
+    # P[j] <= P[n] <= cap): this is x[j, i, o] => P[j] + b_o <= cap, linearly.
+    starting_at: list[list] = [[] for _ in range(n + 1)]
     for (j, i, o), var in x.items():
-        opt = problem.options[j, i][o]
-        model.add(P[j] + units(opt.backward_bytes) <= cap).only_enforce_if(var)
+        starting_at[j].append((var, units(problem.options[j, i][o].backward_bytes)))
+    for j in range(n):
+        if starting_at[j]:
+            model.add(P[j] + _weighted(starting_at[j]) <= cap)
 
     # ---- Objective: extra time in nanoseconds ---------------------------------------
-    model.minimize(sum(_ns(problem.options[j, i][o].extra_time) * var for (j, i, o), var in x.items()))
+    model.minimize(_weighted([(var, _ns(problem.options[j, i][o].extra_time)) for (j, i, o), var in x.items()]))
 
     # ---- Warm start ---------------------------------------------------------------
     if hint is not None:
-        chosen = set()
+        chosen = {(seg.start, seg.stop, problem.options[seg.start, seg.stop].index(seg.option)) for seg in hint}
+        stored_at = {seg.stop: units(seg.option.stored_bytes) for seg in hint}
         prefix = 0
-        for seg in hint:
-            o = problem.options[seg.start, seg.stop].index(seg.option)
-            chosen.add((seg.start, seg.stop, o))
-            model.add_hint(P[seg.start], min(prefix, cap))
-            prefix += units(seg.option.stored_bytes)
-        model.add_hint(P[n], min(prefix, cap))
+        for p in range(n + 1):
+            prefix += stored_at.get(p, 0)
+            model.add_hint(P[p], min(prefix, cap))
         for key, var in x.items():
             model.add_hint(var, key in chosen)
 
@@ -172,11 +197,12 @@ def solve_cpsat(
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         # INFEASIBLE here can only come from the conservative byte scaling.
         return unknown_result(t0=t0, solver="cpsat")
+    chosen_at = {j: (i, o) for (j, i, o), var in x.items() if solver.boolean_value(var)}
     segments = []
     p = 0
     while p < n:
-        (j, i, o) = next(k for k in x if k[0] == p and solver.boolean_value(x[k]))
-        segments.append(Segment(j, i, problem.options[j, i][o]))
+        i, o = chosen_at[p]
+        segments.append(Segment(p, i, problem.options[p, i][o]))
         p = i
     peak, _ = evaluate(problem, segments)
     if peak > budget:

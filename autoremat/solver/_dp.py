@@ -30,6 +30,7 @@ from autoremat.solver._chain import (
     ChainProblem,
     Segment,
     SolveResult,
+    _BIG,
     _tables,
     check_budget,
     evaluate,
@@ -46,21 +47,79 @@ __all__ = ["solve_dp", "DEFAULT_BUCKETS"]
 DEFAULT_BUCKETS = 512
 
 
-def _run(problem: ChainProblem, cap: int, unit: int, round_up: bool, want_plan: bool):
-    """One DP pass; returns (best time, segments or None)."""
+def _plan_pass(problem: ChainProblem, cap: int, unit: int) -> tuple[Segment, ...] | None:
+    """The planning pass: buckets index approximate prefixes, checks use exact bytes.
+
+    Each state ``(i, q)`` keeps the fastest partial plan (ties: fewer stored
+    bytes) whose stored sizes, each rounded to the nearest unit, add up to
+    ``q``, together with its exact stored prefix. Stages and the forward total
+    are checked with the exact prefix, so every plan found truly fits; with
+    ``unit`` dividing every stored size this is the exact DP.
+    """
+    n = problem.n_blocks
+    tables = _tables(problem)
+    # Rounding to nearest drifts by at most n/2 units from the exact prefix.
+    n_q = cap // unit + n // 2 + 2
+    qs = np.arange(n_q)
+    best_time = np.full((n + 1, n_q), np.inf)
+    best_time[0, 0] = 0.0
+    prefix = np.full((n + 1, n_q), _BIG, dtype=np.int64)
+    prefix[0, 0] = 0
+    back: list = [None] * (n + 1)
+    for i in range(1, n + 1):
+        t = tables[i]
+        keep = (t.stored <= cap) & (t.backward <= cap)
+        if not keep.any():
+            continue
+        idx = np.nonzero(keep)[0]
+        shift = (2 * t.stored[idx] + unit) // (2 * unit)  # nearest, halves up
+        src = qs[None, :] - shift[:, None]
+        ok_src = src >= 0
+        src = np.where(ok_src, src, 0)
+        starts = t.starts[idx][:, None]
+        p_src = prefix[starts, src]
+        p_new = p_src + t.stored[idx][:, None]
+        cand = best_time[starts, src] + t.time[idx][:, None]
+        valid = ok_src & (p_src + t.backward[idx][:, None] <= cap) & (p_new <= cap)
+        cand[~valid] = np.inf
+        fastest = cand.min(axis=0)
+        # Among the fastest candidates of each bucket, the one storing least.
+        best = np.argmin(np.where(cand == fastest[None, :], p_new, _BIG), axis=0)
+        best_time[i] = cand[best, qs]
+        prefix[i] = np.where(np.isinf(best_time[i]), _BIG, p_new[best, qs])
+        back[i] = (idx[best], shift[best])
+    if np.isinf(best_time[n]).all():
+        return None
+    final = best_time[n]
+    q = int(np.argmin(np.where(final == final.min(), prefix[n], _BIG)))
+    segments = []
+    i = n
+    while i > 0:
+        c_idx, c_shift = back[i]
+        c = int(c_idx[q])
+        start = int(tables[i].starts[c])
+        segments.append(Segment(start, i, tables[i].options[c]))
+        q -= int(c_shift[q])
+        i = start
+    return tuple(reversed(segments))
+
+
+def _bound_pass(problem: ChainProblem, cap: int, unit: int) -> float:
+    """The bounding pass: stored sizes rounded down, checks on ``q * unit`` (a relaxation).
+
+    Every truly feasible plan passes (its bucket is at most its exact prefix),
+    so the optimum is a lower bound on the true optimum.
+    """
     n = problem.n_blocks
     tables = _tables(problem)
     n_q = cap // unit + 1
     qs = np.arange(n_q)
     table = np.full((n + 1, n_q), np.inf)
     table[0, 0] = 0.0
-    back: list = [None] * (n + 1)
     for i in range(1, n + 1):
         t = tables[i]
-        if t.starts.size == 0:
-            continue
-        shift = -(-t.stored // unit) if round_up else t.stored // unit
-        # Largest source bucket whose stage fits: q * unit + backward <= cap.
+        shift = t.stored // unit
+        # Largest source bucket whose stage passes: q * unit + backward <= cap.
         src_max = np.where(t.backward <= cap, (cap - t.backward) // unit, -1)
         keep = (shift < n_q) & (src_max >= 0)
         if not keep.any():
@@ -71,24 +130,8 @@ def _run(problem: ChainProblem, cap: int, unit: int, round_up: bool, want_plan: 
         valid = (src >= 0) & (src <= src_max[:, None])
         cand = table[t.starts[idx][:, None], np.clip(src, 0, n_q - 1)] + t.time[idx][:, None]
         cand[~valid] = np.inf
-        best = np.argmin(cand, axis=0)
-        table[i] = cand[best, qs]
-        if want_plan:
-            back[i] = (idx[best], shift[best])
-    q = int(np.argmin(table[n]))
-    value = float(table[n, q])
-    if not want_plan or math.isinf(value):
-        return value, None
-    segments = []
-    i = n
-    while i > 0:
-        c_idx, c_shift = back[i]
-        c = int(c_idx[q])
-        start = int(tables[i].starts[c])
-        segments.append(Segment(start, i, tables[i].options[c]))
-        q -= int(c_shift[q])
-        i = start
-    return value, tuple(reversed(segments))
+        table[i] = cand.min(axis=0)
+    return float(table[n].min())
 
 
 def solve_dp(
@@ -130,8 +173,8 @@ def solve_dp(
     else:
         unit = -(-cap // buckets)
         exact = g % unit == 0
-    value, plan = _run(problem, cap, unit, round_up=True, want_plan=True)
-    lower = value if exact else _run(problem, cap, unit, round_up=False, want_plan=False)[0]
+    plan = _plan_pass(problem, cap, unit)
+    lower = -math.inf if exact else _bound_pass(problem, cap, unit)
 
     # The lowest-peak plan always fits here; the fastest plan may. Keep the best.
     candidates = [p for p in (plan, lowest_peak_segments(problem), min_time_segments(problem)) if p]
@@ -140,5 +183,5 @@ def solve_dp(
         (s for s in scored if s[0][0] <= budget), key=lambda s: (s[0][1], s[0][0])
     )
     del peak
-    gap = relative_gap(extra, lower)
+    gap = 0.0 if exact else relative_gap(extra, lower)
     return make_result(problem, best, status="optimal" if gap == 0.0 else "feasible", gap=gap, t0=t0, solver="dp")

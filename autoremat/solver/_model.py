@@ -1,0 +1,474 @@
+"""From a dataflow graph to the chain problem, and from a solution back to a `Plan`.
+
+The model (DESIGN.md section 3):
+
+* **Blocks.**  The top-level equations are cut into a chain of blocks at the positions where
+  the bytes of intermediate values crossing the cut are a local minimum (the residual stream
+  between layers).  Each top-level `scan` is a block of its own.
+* **Regions.**  A region covers blocks `[i, j)` and is either left alone (JAX saves what its
+  linearization needs) or becomes one `jax.checkpoint` whose inputs are saved by
+  construction and whose interior keeps only a saved set `S` (device) or an offloaded set.
+* **Peak.**  Backward runs regions in reverse; while region `k` runs backward, live memory
+  is: arguments + gradients + outputs (`base`), what earlier regions stored, region `k`'s
+  full residuals (recomputed), and the cotangent at its output boundary.  This is
+  `ChainProblem`'s stage-by-stage peak (`_chain.evaluate`).
+* **Time.**  Extra time over the un-optimized step: roofline time of the recomputed
+  equations (their recompute closure given `S`), plus offload transfers over the host link
+  not hidden behind the region's compute (half of its forward + backward time is assumed
+  available for overlap; transfers beyond that are exposed).
+
+Per block, candidate saved sets come from the exact region solver (`_region`) at several
+memory caps; repeated layers share one solve through a structural signature.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from autoremat.graph._graph import Graph, OpInfo
+from autoremat.runtime._plan import Plan, Region, ScanPlan, ValueRecord
+from autoremat.solver._chain import ChainProblem, Option, Segment, SolveResult
+
+__all__ = ["Block", "ChainModel", "build_chain_model", "find_blocks", "crossing_bytes", "DEFAULT_CAPS"]
+
+# Fractions of a block's residual bytes at which the region solver is asked for a saved set.
+DEFAULT_CAPS = (0.0, 0.1, 0.25, 0.4, 0.6, 0.8, 1.0)
+# Fraction of a region's forward + backward compute time that can hide host transfers.
+OFFLOAD_OVERLAP = 0.5
+# Backward workspace of a region, in units of its largest internal value (see build_chain_model).
+WORKSPACE_FACTOR = 2
+
+
+@dataclass(frozen=True)
+class Block:
+    """A run of top-level equations `[start, stop)`; `scan` blocks hold one scan equation."""
+
+    index: int
+    start: int
+    stop: int
+    ops: tuple[str, ...]
+    kind: str  # "ops" | "scan"
+    signature: str
+
+
+@dataclass(frozen=True)
+class _BlockData:
+    produced: frozenset[str]           # intermediate values produced in the block
+    residuals: frozenset[str]          # intermediate values its backward reads (any producer)
+    extra_bytes: int                   # bytes of residuals that are not forward values
+    ext_inputs: frozenset[str]         # intermediates produced before the block and used in it
+    options: tuple[tuple[str, frozenset[str]], ...]  # (name, saved set) candidates
+    time: float                        # roofline time of its forward equations
+    largest: int = 0                   # bytes of its largest produced value
+
+
+def crossing_bytes(g: Graph) -> list[int]:
+    """Bytes of intermediate values live across each cut position 0..n (cut p: before op p)."""
+    ops = list(g.ops.values())
+    n = len(ops)
+    pos = {op.id: i for i, op in enumerate(ops)}
+    last_use: dict[str, int] = {}
+    for i, op in enumerate(ops):
+        for v in op.inputs:
+            last_use[v] = i
+    for v in g.outputs:
+        last_use[v] = n
+    diff = [0] * (n + 2)
+    for vid, info in g.values.items():
+        if info.producer is None or vid not in last_use:
+            continue
+        p = pos[info.producer]
+        if last_use[vid] > p:
+            diff[p + 1] += info.nbytes
+            diff[last_use[vid] + 1] -= info.nbytes
+    out, acc = [], 0
+    for p in range(n + 1):
+        acc += diff[p]
+        out.append(acc)
+    return out
+
+
+def find_blocks(g: Graph, *, max_blocks: int = 160) -> tuple[Block, ...]:
+    """Cuts the top-level equations into a chain of blocks (see the module docstring)."""
+    ops = list(g.ops.values())
+    n = len(ops)
+    if n == 0:
+        return ()
+    cross = crossing_bytes(g)
+    forced = set()
+    for i, op in enumerate(ops):
+        if op.primitive == "scan":
+            forced.update((i, i + 1))
+    cuts = set(forced)
+    for p in range(1, n):
+        if cross[p] <= cross[p - 1] and cross[p] <= cross[p + 1]:
+            cuts.add(p)
+    cuts = sorted(c for c in cuts if 0 < c < n)
+    # Thin out cuts so that there are at most max_blocks blocks: keep forced cuts, then walk
+    # left to right keeping a cut once the current block has at least min_ops equations.
+    min_ops = max(1, math.ceil(n / max_blocks))
+    kept, last = [], 0
+    for c in cuts:
+        if c in forced or c - last >= min_ops:
+            if c - last > 0:
+                kept.append(c)
+                last = c
+    bounds = [0] + kept + [n]
+    blocks = []
+    for k in range(len(bounds) - 1):
+        a, b = bounds[k], bounds[k + 1]
+        ids = tuple(op.id for op in ops[a:b])
+        kind = "scan" if (b - a == 1 and ops[a].primitive == "scan") else "ops"
+        blocks.append(Block(k, a, b, ids, kind, _signature(g, ops[a:b])))
+    return tuple(blocks)
+
+
+def _signature(g: Graph, ops: Sequence[OpInfo]) -> str:
+    """Structure of a block up to renaming: primitives, shapes and internal wiring."""
+    local = {}
+    parts = []
+    for i, op in enumerate(ops):
+        for j, v in enumerate(op.outputs):
+            local[v] = f"{i}.{j}"
+        ins = ",".join(local.get(v, f"x{g.values[v].type_str}") for v in op.inputs)
+        outs = ",".join(g.values[v].type_str for v in op.outputs)
+        parts.append(f"{op.primitive}({ins})->{outs}")
+    return ";".join(parts)
+
+
+@dataclass
+class ChainModel:
+    """The chain problem built from a graph, and the way back to a `Plan`."""
+
+    graph: Graph
+    blocks: tuple[Block, ...]
+    problem: ChainProblem
+    cross: list[int]
+    base_bytes: int
+    data: list[_BlockData] = field(repr=False, default_factory=list)
+    scan_options: dict = field(repr=False, default_factory=dict)
+
+    def to_plan(self, segments: Sequence[Segment], *, budget: int | None = None,
+                result: SolveResult | None = None, meta: dict | None = None) -> Plan:
+        """Turns chosen segments into a `Plan` for the traced function."""
+        g = self.graph
+        t = g.traced
+        regions, scans, decisions = [], [], {}
+        for seg in segments:
+            payload = seg.option.payload or {}
+            kind = payload.get("kind", "none")
+            blocks = self.blocks[seg.start:seg.stop]
+            if kind == "none":
+                for b in blocks:
+                    for vid in self.data[b.index].residuals:
+                        decisions.setdefault(vid, "save")
+                continue
+            saved, off = frozenset(payload.get("saved", ())), frozenset(payload.get("offloaded", ()))
+            if kind == "scan":
+                scans.append(ScanPlan(payload["op"], saved, off))
+                body = g.ops[payload["op"]].bodies[0]
+                for vid in body.residual_values():
+                    if body.values[vid].producer is not None:
+                        decisions[vid] = "offload" if vid in off else ("save" if vid in saved else "recompute")
+                continue
+            start, stop = blocks[0].start, blocks[-1].stop
+            label = f"blocks {seg.start}-{seg.stop - 1}: {seg.option.name}"
+            regions.append(Region(start, stop, saved, off, label=label))
+            for b in blocks:
+                for vid in self.data[b.index].residuals | self.data[b.index].produced & (saved | off):
+                    if g.values[vid].producer in b.ops:
+                        decisions[vid] = "offload" if vid in off else ("save" if vid in saved else "recompute")
+        values = {}
+        for vid, dec in decisions.items():
+            info = _value(g, vid)
+            if info is None:
+                continue
+            op = _op(g, info.producer)
+            values[vid] = ValueRecord(vid, dec, info.type_str, info.nbytes, op.primitive if op else "input",
+                                      info.source, info.name, float(op.cost.flops) if op else 0.0,
+                                      op.multiplicity if op else 1)
+        from autoremat.graph._trace import describe_eqn
+        m = dict(meta or {})
+        if result is not None:
+            m.update(solver=result.solver, status=result.status, gap=result.gap, solve_time=result.solve_time)
+        m.setdefault("profile", g.profile.name)
+        return Plan(
+            fingerprint=t.fingerprint, n_eqns=len(t.jaxpr.eqns), regions=tuple(regions), scans=tuple(scans),
+            values=values, argnums=t.argnums, static_argnums=t.static_argnums, has_aux=t.has_aux,
+            predicted_peak=result.peak_bytes if result is not None else None, budget=budget,
+            estimated_extra_time=result.objective if result is not None else None, meta=m,
+            structure=tuple(describe_eqn(e) for e in t.jaxpr.eqns))
+
+
+def _value(g: Graph, vid: str):
+    if vid in g.values:
+        return g.values[vid]
+    for op in g.ops.values():
+        for body in op.bodies:
+            if vid.startswith(body.prefix):
+                return _value(body, vid)
+    return None
+
+
+def _op(g: Graph, oid: str | None):
+    if oid is None:
+        return None
+    if oid in g.ops:
+        return g.ops[oid]
+    for op in g.ops.values():
+        for body in op.bodies:
+            if oid.startswith(body.prefix):
+                return _op(body, oid)
+    return None
+
+
+# -- recompute closure ------------------------------------------------------------------
+
+def _closure(g: Graph, ops: Sequence[str], saved: frozenset[str], need_outputs: frozenset[str],
+             residuals: frozenset[str]):
+    """Ops of a block to re-run in backward, and outside values that must be available.
+
+    Returns (recomputed op ids, values produced before the block that are needed).
+    """
+    opset = set(ops)
+    R: set[str] = set()
+    outside: set[str] = set()
+    stack = [v for v in (residuals | need_outputs) if v not in saved]
+    for oid in ops:
+        if g.ops[oid].extra_residual_bytes:
+            if oid not in R:
+                R.add(oid)
+                stack.extend(v for v in g.ops[oid].inputs if v not in saved)
+    seen = set()
+    while stack:
+        v = stack.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        prod = g.values[v].producer
+        if prod is None:
+            continue  # a function input or constant: always available
+        if prod in opset:
+            if prod not in R:
+                R.add(prod)
+                stack.extend(u for u in g.ops[prod].inputs if u not in saved)
+        else:
+            outside.add(v)
+    return frozenset(R), frozenset(outside)
+
+
+def _block_data(g: Graph, b: Block, caps, region_method: str, time_limit: float | None,
+                cache: dict) -> _BlockData:
+    ops = [g.ops[o] for o in b.ops]
+    produced = frozenset(v for op in ops for v in op.outputs)
+    residuals = frozenset(v for op in ops for v in op.residual_inputs + op.residual_outputs
+                          if g.values[v].producer is not None)
+    extra = sum(op.extra_residual_bytes for op in ops)
+    ext_inputs = frozenset(v for op in ops for v in op.inputs
+                           if g.values[v].producer is not None and v not in produced)
+    time = sum(op.time for op in ops)
+    largest = max((g.values[v].nbytes for v in produced), default=0)
+    if b.kind == "scan":
+        return _BlockData(produced, residuals, extra, ext_inputs, (), time, largest)
+    key = b.signature
+    if key in cache:
+        proto_ids, proto_opts = cache[key]
+        rename = dict(zip(proto_ids, [v for op in ops for v in op.outputs]))
+        options = tuple((name, frozenset(rename[v] for v in s)) for name, s in proto_opts)
+    else:
+        options = _solve_block_options(g, ops, produced, residuals, caps, region_method, time_limit)
+        cache[key] = ([v for op in ops for v in op.outputs], options)
+    return _BlockData(produced, residuals, extra, ext_inputs, options, time, largest)
+
+
+def _region_problem(g: Graph, ops: Sequence[OpInfo], produced, residuals):
+    from autoremat.solver._region import RegionProblem
+
+    return RegionProblem(
+        value_bytes={v: g.values[v].nbytes for v in produced},
+        producer={v: g.values[v].producer for v in produced},
+        op_inputs={op.id: tuple(u for u in op.inputs if u in produced) for op in ops},
+        op_time={op.id: op.time for op in ops},
+        op_flops={op.id: float(op.cost.flops) for op in ops},
+        needed=frozenset(v for v in residuals if v in produced),
+        needed_ops=frozenset(op.id for op in ops if op.extra_residual_bytes),
+    )
+
+
+def _solve_block_options(g, ops, produced, residuals, caps, method, time_limit):
+    """Candidate saved sets for one block, aligned to a fixed list of kinds.
+
+    Kinds: `recompute` (nothing saved), `save:dots` (outputs of dot_general/conv),
+    `save:names` (values the user tagged with checkpoint_name), and `ilp<c>%` (the least
+    recompute time with saved bytes <= c% of the block's residual bytes, solved exactly).
+    Every block has every kind, so a region over several blocks combines like with like.
+    """
+    from autoremat.solver import _region
+
+    dots = frozenset(v for op in ops if op.primitive in ("dot_general", "conv_general_dilated") for v in op.outputs)
+    named = frozenset(v for op in ops if op.primitive == "name" for v in op.outputs)
+    kinds = [("recompute", frozenset()), ("save:dots", dots), ("save:names", named)]
+    res_bytes = sum(g.values[v].nbytes for v in residuals if v in produced)
+    problem = _region_problem(g, ops, produced, residuals) if res_bytes else None
+    for c in caps:
+        saved = frozenset()
+        if problem is not None:
+            cap = int(c * res_bytes)
+            if method == "cpsat" and len(produced) <= 400:
+                sol = _region.solve_region_cpsat(problem, cap, time_limit=time_limit)
+                if sol.status not in ("optimal", "feasible"):
+                    sol = _region.solve_region_greedy(problem, cap)
+            else:
+                sol = _region.solve_region_greedy(problem, cap)
+            saved = frozenset(sol.saved)
+        kinds.append((f"ilp{round(c * 100)}%", saved))
+    return tuple(kinds)
+
+
+# -- the chain problem ----------------------------------------------------------------
+
+def build_chain_model(g: Graph, *, offload: bool = True, max_region_blocks: int | None = None,
+                      caps: Sequence[float] = DEFAULT_CAPS, region_method: str = "cpsat",
+                      region_time_limit: float | None = 2.0, max_blocks: int = 160) -> ChainModel:
+    """Builds the chain problem of a graph (see the module docstring)."""
+    blocks = find_blocks(g, max_blocks=max_blocks)
+    cross = crossing_bytes(g)
+    t = g.traced
+    base = sum(g.values[v].nbytes for v in g.inputs)
+    base += sum(g.values[v].nbytes for v in g.inputs if g.values[v].differentiable)
+    base += sum(g.values[v].nbytes for v in g.outputs)
+    cache: dict = {}
+    data = [_block_data(g, b, caps, region_method, region_time_limit, cache) for b in blocks]
+    nb = len(blocks)
+    if max_region_blocks is None:
+        max_region_blocks = max(1, min(nb, max(8, int(2 * math.sqrt(nb)) + 2)))
+    host_bw = g.profile.host_bandwidth
+    options: dict[tuple[int, int], tuple[Option, ...]] = {}
+    scan_options = {}
+    closure_cache: dict = {}
+    nbytes = lambda vs: sum(g.values[v].nbytes for v in vs)  # noqa: E731
+
+    for i in range(nb):
+        if blocks[i].kind == "scan":
+            options[(i, i + 1)] = _scan_options(g, blocks[i], data[i], cross, caps, region_method,
+                                                region_time_limit, offload, host_bw)
+            continue
+        res_union: set[str] = set()
+        ext = 0
+        inputs: set[str] = set()
+        produced: set[str] = set()
+        fwd_time = 0.0
+        largest = 0
+        for j in range(i + 1, min(nb, i + max_region_blocks) + 1):
+            k = j - 1
+            if blocks[k].kind == "scan":
+                break
+            d = data[k]
+            res_union |= d.residuals
+            ext += d.extra_bytes
+            inputs |= {v for v in d.ext_inputs if v not in produced}
+            produced |= d.produced
+            fwd_time += d.time
+            largest = max(largest, data[k].largest)
+            # Cotangent at the output boundary plus the backward's workspace: the cotangents
+            # of the largest internal value and of its producer's input (WORKSPACE_FACTOR).
+            cot = cross[blocks[k].stop] + WORKSPACE_FACTOR * largest
+            opts = []
+            stored_none = nbytes(res_union) + ext
+            opts.append(Option("none", stored_none, stored_none + cot, 0.0, 0.0, 0,
+                               {"kind": "none"}))
+            in_b = nbytes(inputs)
+            names = [name for name, _ in data[i].options]
+            for oi, name in enumerate(names):
+                saved: set[str] = set()
+                for kk in range(i, j):
+                    opts_k = data[kk].options
+                    saved |= opts_k[min(oi, len(opts_k) - 1)][1] if opts_k else set()
+                saved -= inputs
+                rtime, rflops = _region_recompute(g, blocks, data, i, j, oi, closure_cache)
+                s_b = nbytes(saved)
+                live_bwd = nbytes(inputs | saved | res_union) + ext + cot
+                opts.append(Option(f"ckpt:{name}", in_b + s_b, live_bwd, rtime, rflops, 0,
+                                   {"kind": "region", "saved": frozenset(saved)}))
+                if offload and s_b > 0:
+                    exposed = max(0.0, 2 * s_b / host_bw - OFFLOAD_OVERLAP * 3 * fwd_time)
+                    opts.append(Option(f"ckpt:{name}+offload", in_b, live_bwd, rtime + exposed, rflops, s_b,
+                                       {"kind": "region", "saved": frozenset(), "offloaded": frozenset(saved)}))
+            options[(i, j)] = _dedupe(opts)
+    problem = ChainProblem(nb, int(base), options, tuple(f"{b.start}-{b.stop}" for b in blocks))
+    return ChainModel(g, blocks, problem, cross, int(base), data, scan_options)
+
+
+def _dedupe(opts: list[Option]) -> tuple[Option, ...]:
+    """Drops options dominated in (stored, backward, time) by another option."""
+    keep = []
+    for o in sorted(opts, key=lambda o: (o.extra_time, o.stored_bytes, o.backward_bytes)):
+        if any(k.stored_bytes <= o.stored_bytes and k.backward_bytes <= o.backward_bytes
+               and k.extra_time <= o.extra_time and k.offloaded_bytes <= o.offloaded_bytes for k in keep):
+            continue
+        keep.append(o)
+    return tuple(keep)
+
+
+def _region_recompute(g, blocks, data, i, j, oi, cache):
+    """Recompute time and FLOPs of region [i, j) with option index oi in every block."""
+    needed: set[str] = set()
+    total_t, total_f = 0.0, 0.0
+    for k in range(j - 1, i - 1, -1):
+        d = data[k]
+        saved = d.options[min(oi, len(d.options) - 1)][1] if d.options else frozenset()
+        need_out = frozenset(v for v in needed if v in d.produced)
+        key = (k, oi, need_out)
+        if key not in cache:
+            R, outside = _closure(g, blocks[k].ops, saved, need_out, d.residuals)
+            cache[key] = (R, outside, sum(g.ops[o].time for o in R), sum(g.ops[o].cost.flops for o in R))
+        R, outside, t, f = cache[key]
+        total_t += t
+        total_f += f
+        needed -= need_out
+        needed |= outside
+    return total_t, total_f
+
+
+def _scan_options(g, b, d, cross, caps, method, time_limit, offload, host_bw):
+    op = g.ops[b.ops[0]]
+    body = op.bodies[0]
+    length = int(op.params.get("length", 1))
+    ncar = int(op.params.get("num_carry", 0))
+    nconst = int(op.params.get("num_consts", 0))
+    body_largest = max((v.nbytes for v in op.bodies[0].values.values() if v.producer is not None), default=0)
+    cot = cross[b.stop] + WORKSPACE_FACTOR * body_largest
+    opts = []
+    # No remat: JAX's own residuals of the whole scan (stacked over iterations).
+    none_b = sum(g.values[v].nbytes for v in d.residuals) + d.extra_bytes
+    opts.append(Option("none", none_b, none_b + cot, 0.0, 0.0, 0, {"kind": "none"}))
+    body_ops = list(body.ops.values())
+    produced = frozenset(v for o in body_ops for v in o.outputs)
+    residuals = frozenset(v for o in body_ops for v in o.residual_inputs + o.residual_outputs
+                          if body.values[v].producer is not None)
+    body_extra = sum(o.extra_residual_bytes for o in body_ops)
+    carry_ids = body.inputs[nconst:nconst + ncar]
+    xs_ids = body.inputs[nconst + ncar:]
+    # Per iteration, a checkpointed body keeps its carry and the slices it reads.
+    per_iter_in = sum(body.values[v].nbytes for v in carry_ids) + sum(body.values[v].nbytes for v in xs_ids
+                                                                       if body.values[v].differentiable)
+    full_body = sum(body.values[v].nbytes for v in residuals) + body_extra
+    cands = _solve_block_options(body, body_ops, produced, residuals, caps, method, time_limit)
+    body_time = sum(o.time for o in body_ops)
+    for name, saved in cands:
+        R, _ = _closure(body, [o.id for o in body_ops], saved, frozenset(), residuals)
+        rt = length * sum(body.ops[o].time for o in R)
+        rf = length * sum(body.ops[o].cost.flops for o in R)
+        s_b = sum(body.values[v].nbytes for v in saved)
+        stored = length * (per_iter_in + s_b)
+        live = stored + full_body + cot
+        opts.append(Option(f"scan:{name}", stored, live, rt, rf, 0,
+                           {"kind": "scan", "op": op.id, "saved": saved}))
+        if offload and s_b:
+            exposed = max(0.0, 2 * length * s_b / host_bw - OFFLOAD_OVERLAP * 3 * length * body_time)
+            opts.append(Option(f"scan:{name}+offload", length * per_iter_in, live, rt + exposed, rf,
+                               length * s_b, {"kind": "scan", "op": op.id, "saved": frozenset(),
+                                              "offloaded": saved}))
+    return _dedupe(opts)

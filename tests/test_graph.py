@@ -1,0 +1,415 @@
+"""Tests of stage 1: tracing, the dataflow graph, residuals and `inspect`.
+
+Residual bytes are checked against JAX's own `saved_residuals`, FLOPs against XLA's
+`cost_analysis` (DESIGN.md facts 6 and 9), on the built-in example models at small sizes.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import networkx as nx
+import numpy as np
+import pytest
+from jax._src.ad_checkpoint import saved_residuals  # public jax.ad_checkpoint only exports print_
+from jax.experimental import io_callback
+from jax.extend.core import Primitive
+
+from autoremat import examples
+from autoremat._errors import UnsupportedFunctionError
+from autoremat._xla import CPU_XLA_FLAGS
+from autoremat.graph import (
+    InspectReport,
+    InspectRow,
+    aval_bytes,
+    build_graph,
+    conservatively_costed,
+    inspect,
+    trace,
+)
+
+# Small knobs: the whole file runs in well under a minute on a 2-core CPU.
+MODELS = {
+    "mlp": lambda: examples.mlp_chain(n_layers=4, width=64, batch=16),
+    "transformer": lambda: examples.transformer(n_layers=2, d_model=64, n_heads=4, seq=16, batch=2, vocab=64),
+    "transformer_scan": lambda: examples.transformer(
+        n_layers=3, d_model=64, n_heads=4, seq=16, batch=2, vocab=64, scan=True),
+    # 64x64 images: with SAME padding XLA skips the taps that fall in the padding, which
+    # our per-output-element conv count includes (about 4% here, 16% on 16x16 images).
+    "convnet": lambda: examples.convnet(depth=2, channels=4, image=64, batch=1),
+}
+
+
+def jax_residuals(fn, *args):
+    """(bytes of JAX's saved residuals without literal rows, the literal rows)."""
+    rows = saved_residuals(fn, *args)
+    literals = [(a, s) for a, s in rows if s == "from a literal"]
+    return sum(aval_bytes(a) for a, s in rows if s != "from a literal"), literals
+
+
+def xla_flops(fn, *args) -> float:
+    analysis = jax.jit(fn).lower(*args).compile().cost_analysis()
+    if isinstance(analysis, (list, tuple)):  # older JAX: one dict per computation
+        analysis = analysis[0]
+    return float(analysis["flops"])
+
+
+def all_argnums(args) -> tuple[int, ...]:
+    return tuple(range(len(args)))
+
+
+def tanh_loss(w, x):
+    return jnp.sum(jnp.tanh(x @ w))
+
+
+W, X = jnp.ones((8, 4)), jnp.ones((2, 8))
+
+
+# ----------------------------------------------------------------------------- exact costs
+
+
+def test_hand_checked_bytes_and_flops():
+    g = build_graph(tanh_loss, W, X)
+    assert [op.primitive for op in g.ops.values()] == ["dot_general", "tanh", "reduce_sum"]
+    assert [g.values[v].nbytes for v in g.inputs] == [8 * 4 * 4, 2 * 8 * 4]
+    dot, tanh, total = g.ops.values()
+    assert g.values[dot.outputs[0]].nbytes == 2 * 4 * 4
+    assert g.values[dot.outputs[0]].shape == (2, 4) and g.values[dot.outputs[0]].dtype == "float32"
+    assert dot.cost.flops == 2 * 2 * 8 * 4
+    assert (dot.cost.bytes_read, dot.cost.bytes_written) == (128 + 64, 32)
+    assert (tanh.cost.flops, tanh.cost.transcendentals) == (0, 2 * 4)
+    assert total.cost.flops == 2 * 4
+    assert g.total_flops() == 128 + 8
+    # Backward w.r.t. w reads x (for x.T @ g), tanh's output and JAX's 1 - y (extra).
+    assert g.residual_values() == ["in1", "e1:0"]
+    assert tanh.extra_residual_bytes == 32
+    assert g.residual_bytes() == 64 + 32 + 32
+    assert g.values["in0"].differentiable and not g.values["in1"].differentiable
+    assert g.values["in1"].arg_name == "args[1]"
+
+
+def test_bfloat16_bytes():
+    g = build_graph(lambda w, x: jnp.sum((x @ w).astype(jnp.float32)),
+                    W.astype(jnp.bfloat16), X.astype(jnp.bfloat16))
+    assert [g.values[v].nbytes for v in g.inputs] == [8 * 4 * 2, 2 * 8 * 2]
+    assert g.values["e0:0"].nbytes == 2 * 4 * 2
+
+
+def test_stop_gradient_keeps_no_residuals():
+    # softmax subtracts stop_gradient(max): the max's backward is dead code in JAX.
+    def f(x):
+        return jnp.sum(jax.nn.softmax(x, axis=-1) * x)
+
+    x = jnp.ones((4, 8))
+    g = build_graph(f, x)
+    assert g.ops["e0"].primitive == "reduce_max"
+    assert g.ops["e0"].extra_residual_bytes == 0 and not g.ops["e0"].residual_inputs
+    assert g.residual_bytes() == jax_residuals(f, x)[0]
+
+
+# ----------------------------------------------------------------------------- vs JAX and XLA
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_residual_bytes_match_jax(name):
+    ex = MODELS[name]()
+    expected, literals = jax_residuals(ex.fn, *ex.args)
+    # JAX also lists scalar constants that cross nested-jit boundaries ("from a literal");
+    # autoremat inlines those jits, so they are not residuals here (XLA folds them anyway).
+    assert all(a.shape == () for a, _ in literals)
+    argnums = all_argnums(ex.args)  # saved_residuals differentiates every argument
+    report = inspect(ex.fn, *ex.args, argnums=argnums)
+    assert report.total_bytes == expected
+    assert len(report.rows) == len(saved_residuals(ex.fn, *ex.args)) - len(literals)
+    # The per-equation analysis of the graph agrees exactly on every model.
+    assert build_graph(ex.fn, *ex.args, argnums=argnums).residual_bytes() == expected
+
+
+@pytest.mark.parametrize("name", ["mlp", "transformer", "convnet"])
+def test_flops_match_xla_on_unrolled_models(name):
+    ex = MODELS[name]()
+    ours, xla = build_graph(*[ex.fn, *ex.args]).total_flops(), xla_flops(ex.fn, *ex.args)
+    assert ours == pytest.approx(xla, rel=0.10)
+
+
+def test_scan_flops_are_trip_count_times_body():
+    ex = MODELS["transformer_scan"]()
+    g = build_graph(ex.fn, *ex.args)
+    (scan,) = [op for op in g.ops.values() if op.primitive == "scan"]
+    length = scan.params["length"]
+    (body,) = scan.bodies
+    assert length == 3 and scan.cost.flops == pytest.approx(length * body.total_flops())
+    assert all(op.multiplicity == length for op in body.ops.values())
+    # XLA counts the body once (DESIGN.md fact 6): ours = XLA + (length - 1) bodies.
+    xla = xla_flops(ex.fn, *ex.args)
+    assert g.total_flops() == pytest.approx(xla + (length - 1) * body.total_flops(), rel=0.10)
+    assert g.total_flops() > 2.5 * xla
+    # ...and the unrolled model with the same layers, where XLA counts every layer.
+    unrolled = examples.transformer(n_layers=3, d_model=64, n_heads=4, seq=16, batch=2, vocab=64)
+    assert g.total_flops() == pytest.approx(xla_flops(unrolled.fn, *unrolled.args), rel=0.10)
+
+
+# ----------------------------------------------------------------------------- nested calls
+
+
+@jax.custom_vjp
+def sin_gram(x):
+    return jnp.sin(x) @ x.T
+
+
+def _sin_gram_fwd(x):
+    return sin_gram(x), x
+
+
+def _sin_gram_bwd(x, g):
+    return (2 * (g @ x) * jnp.cos(x),)
+
+
+sin_gram.defvjp(_sin_gram_fwd, _sin_gram_bwd)
+
+
+@jax.custom_jvp
+def tanh_gram(x):
+    return jnp.tanh(x) @ x.T
+
+
+@tanh_gram.defjvp
+def _tanh_gram_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    return tanh_gram(x), t @ x.T
+
+
+@jax.jit
+def _jitted_layer(w, x):
+    return jnp.tanh(x @ w)
+
+
+def _nested_loss(w, x, *, layer, remat):
+    h = layer(w, x)
+    block = (lambda h: jnp.sin(h @ w.T))
+    h = jax.checkpoint(block)(h) if remat else block(h)
+    return jnp.sum(sin_gram(h)) + jnp.sum(tanh_gram(h))
+
+
+def test_nested_jit_checkpoint_and_custom_derivatives():
+    w, x = jnp.ones((8, 8)), jnp.ones((4, 8))
+    nested = lambda w, x: _nested_loss(w, x, layer=_jitted_layer, remat=True)  # noqa: E731
+    plain = lambda w, x: _nested_loss(w, x, layer=lambda w, x: jnp.tanh(x @ w), remat=False)  # noqa: E731
+    g = build_graph(nested, w, x, argnums=(0, 1))
+    prims = [op.primitive for op in g.ops.values()]
+    # jit and checkpoint are inlined; custom derivatives stay one equation each.
+    assert not {"jit", "pjit", "checkpoint", "remat2", "remat"} & set(prims)
+    assert prims.count("dot_general") == 2
+    assert "custom_vjp_call" in prims and "custom_jvp_call" in prims
+    gram_flops = 2 * 4 * 4 * 8
+    assert all(op.cost.flops == gram_flops for op in g.ops.values() if op.primitive.startswith("custom_"))
+    assert g.total_flops() == 2 * (2 * 4 * 8 * 8) + 2 * gram_flops + 2 * 16 + 1
+    assert g.total_flops() == build_graph(plain, w, x).total_flops()
+    # The graph sees through the user's checkpoint: the un-optimized residuals, which are
+    # what JAX keeps without the checkpoint (with it, JAX keeps less).
+    expected, _ = jax_residuals(plain, w, x)
+    assert g.residual_bytes() == expected
+    report = inspect(nested, w, x, argnums=(0, 1))
+    assert report.total_bytes == expected
+    assert jax_residuals(nested, w, x)[0] < expected
+    assert {"tanh", "sin", "cos", "transpose", "argument"} <= {r.primitive for r in report.rows}
+
+
+# ----------------------------------------------------------------------------- structure
+
+
+def test_nx_has_a_node_per_equation_and_an_edge_per_use():
+    def f(w, x):
+        h = x @ w
+        return jnp.sum(h * h) + jnp.sum(jnp.tanh(h))
+
+    g = build_graph(f, W, X)
+    eqns = trace(f, (W, X)).jaxpr.eqns
+    G = g.nx
+    assert isinstance(G, nx.MultiDiGraph)
+    op_nodes = [n for n, d in G.nodes(data=True) if d["kind"] == "op"]
+    assert len(op_nodes) == len(eqns) == len(g.ops)
+    assert {n for n, d in G.nodes(data=True) if d["kind"] == "input"} == set(g.inputs)
+    uses = {(v, op.id) for op in g.ops.values() for v in op.inputs}  # `mul h h` is one use
+    assert {(d["value"], c) for _, c, d in G.edges(data=True)} == uses
+    assert G.number_of_edges() == len(uses)
+    h = g.ops["e0"].outputs[0]
+    assert sorted(G.successors("e0")) == sorted(g.consumers(h))
+    assert nx.is_directed_acyclic_graph(G)
+
+
+def test_while_and_cond_bodies_are_nested_graphs():
+    def f(w, x):
+        h = jax.lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, jnp.tanh(c[1])), (0, x @ w))[1]
+        h = jax.lax.cond(jnp.sum(h) > 0, jnp.sin, jnp.cos, h)
+        return jnp.sum(h)
+
+    g = build_graph(f, W, X)
+    (loop,) = [op for op in g.ops.values() if op.primitive == "while"]
+    (branch,) = [op for op in g.ops.values() if op.primitive == "cond"]
+    (body,) = loop.bodies
+    assert "tanh" in {op.primitive for op in body.ops.values()}
+    assert all(op.id.startswith(f"{loop.id}/body/") for op in body.ops.values())
+    assert loop.cost.unknown_trip_count  # counted once
+    assert [{op.primitive for op in b.ops.values()} for b in branch.bodies] == [{"cos"}, {"sin"}]
+    assert branch.cost.transcendentals == 2 * 4  # max over branches
+
+
+# ----------------------------------------------------------------------------- inspect
+
+
+def test_inspect_report():
+    report = inspect(tanh_loss, W, X)
+    assert isinstance(report, InspectReport) and all(isinstance(r, InspectRow) for r in report.rows)
+    arg, y, dy = report.rows
+    assert (arg.type, arg.primitive, arg.description) == ("f32[2,8]", "argument", "from the argument x")
+    assert (arg.bytes, arg.arg_index, arg.recompute_flops) == (64, 1, 0.0)
+    assert (y.primitive, y.shape, y.dtype, y.bytes) == ("tanh", (2, 4), "float32", 32)
+    assert y.recompute_flops == 2 * 2 * 8 * 4  # the dot_general; tanh is transcendental only
+    assert y.description.startswith("output of tanh from ") and "test_graph.py" in y.location
+    assert (report.total_bytes, report.argument_bytes, report.global_total_bytes) == (128, 64, 128)
+    assert report.total_recompute_flops == sum(r.recompute_flops for r in report.rows)
+    assert not report.sharded
+    # Same text as print_saved_residuals for the rows both produce.
+    assert [(a.str_short(short_dtypes=True), s) for a, s in saved_residuals(tanh_loss, W, X)][1:] == [
+        (r.type, r.description) for r in inspect(tanh_loss, W, X, argnums=(0, 1)).rows][1:]
+
+    groups = {g.line: g for g in report.by_source()}
+    assert len(groups) == 2 and groups["<arguments>"].bytes == 64
+    (line,) = [g for name, g in groups.items() if name != "<arguments>"]
+    assert line.line.endswith(" (tanh_loss)") and line.bytes == 64 and len(line.rows) == 2
+    assert line.recompute_flops == y.recompute_flops + dy.recompute_flops
+
+    text = report.table()
+    assert str(report) == text
+    lines = text.splitlines()
+    assert lines[1].split() == ["type", "bytes", "recompute", "name", "source"]
+    assert "64 B" in lines[3] and lines[-1].startswith("total: 3 residuals, 128 B (64 B of arguments)")
+    short = report.table(max_rows=1, sort="flops")
+    assert "output of sub" in short.splitlines()[3] and "... 2 more rows, 96 B" in short
+    with pytest.raises(ValueError, match="sort='size' is not one of"):
+        report.table(sort="size")
+
+    data = json.loads(report.to_json())
+    assert data["total_bytes"] == 128 and data["rows"][0]["shape"] == [2, 8]
+    assert data["rows"][1]["primitive"] == "tanh"
+
+
+def test_inspect_names_and_table_on_a_transformer():
+    ex = examples.transformer(n_layers=1, d_model=32, n_heads=2, seq=8, batch=1, vocab=32)
+    report = inspect(*[ex.fn, *ex.args])
+    assert {"query_proj", "key_proj", "value_proj", "mlpwi"} <= {r.name for r in report.rows if r.name}
+    named = [r for r in report.rows if r.name == "mlpwi"]
+    assert named and all(r.description.startswith("named 'mlpwi' from ") for r in named)
+    # Argument rows use the parameter names, as JAX does.
+    assert "from the argument params['layers'][0]['wq']" in {r.description for r in report.rows}
+    shown = report.table(max_rows=5).splitlines()[3:8]
+    largest = sorted(report.rows, key=lambda r: -r.bytes)[:5]
+    assert [line.split()[0] for line in shown] == [r.type for r in largest]
+    assert sum(g.bytes for g in report.by_source()) == report.total_bytes
+
+
+# ----------------------------------------------------------------------------- sharding
+
+_SHARDED_SCRIPT = textwrap.dedent("""
+    import json
+    import jax, jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    from autoremat.graph import build_graph, inspect
+
+    assert jax.device_count() == 8, jax.devices()
+    mesh = jax.make_mesh((8,), ("data",))
+    params = {"w": jnp.ones((32, 64)), "w2": jnp.ones((64, 16))}
+    x = jax.device_put(jnp.ones((64, 32)), NamedSharding(mesh, P("data", None)))
+
+    def loss(params, x):
+        h = jnp.tanh(x @ params["w"])
+        return jnp.mean(jnp.sin(h @ params["w2"]))
+
+    g = build_graph(loss, params, x)
+    r = inspect(loss, params, x)
+    out = {
+        "values": {v.id: [v.nbytes, v.kind, list(v.shape)] for v in g.values.values()},
+        "inputs": list(g.inputs),
+        "graph_residual_bytes": g.residual_bytes(),
+        "rows": [[row.primitive, row.bytes, row.global_bytes] for row in r.rows],
+        "total": r.total_bytes, "global_total": r.global_total_bytes, "sharded": r.sharded,
+    }
+    print("RESULT" + json.dumps(out))
+""")
+
+
+def test_sharded_bytes_are_per_device():
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = " ".join(["--xla_force_host_platform_device_count=8", *CPU_XLA_FLAGS])
+    env["JAX_PLATFORMS"] = "cpu"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", _SHARDED_SCRIPT], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.split("RESULT", 1)[1])
+    vals = out["values"]
+    w, w2, x = (vals[i] for i in out["inputs"])
+    assert w[0] == 32 * 64 * 4 and w2[0] == 64 * 16 * 4  # replicated parameters: full size
+    assert x[0] == 64 * 32 * 4 // 8
+    acts = [v for v in vals.values() if v[1] == "intermediate" and v[2][:1] == [64]]
+    assert acts and all(nbytes * 8 == 4 * np.prod(shape) for nbytes, _, shape in acts)
+    scalars = [v for v in vals.values() if v[2] == []]
+    assert scalars and all(nbytes == 4 for nbytes, _, _ in scalars)  # a replicated loss
+    assert out["sharded"]
+    by_prim = {p: (b, gb) for p, b, gb in out["rows"]}
+    assert by_prim["tanh"] == (64 * 64 * 4 // 8, 64 * 64 * 4)
+    assert by_prim["cos"] == (64 * 16 * 4 // 8, 64 * 16 * 4)
+    assert out["total"] == out["graph_residual_bytes"]
+    # x/8 (its own row), w2 in full, then tanh, 1 - tanh**2 and cos at 1/8.
+    assert out["total"] == 1024 + 4096 + (16384 + 16384 + 4096) // 8
+    assert out["global_total"] == 8192 + 4096 + 16384 + 16384 + 4096
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("fn, match", [
+    (lambda x: x * 2, r"must return a scalar floating-point array .* got float32\[4\]"),
+    (lambda x: jnp.sum(x).astype(jnp.int32), r"must return a scalar floating-point array .* got int32\[\]"),
+    (lambda x: None, r"must return a scalar floating-point array .* got None"),
+    (lambda x: "loss", r"could not trace .*not a valid JAX type"),
+    (lambda x: (jax.debug.print("x={}", x), jnp.sum(x))[1], r"has side effects .*Debug.*Remove prints"),
+    (lambda x: jnp.sum(io_callback(np.asarray, jax.ShapeDtypeStruct((4,), jnp.float32), x)),
+     r"has side effects .*IO.*callbacks"),
+])
+def test_unsupported_functions(fn, match):
+    with pytest.raises(UnsupportedFunctionError, match=match):
+        build_graph(fn, jnp.ones(4))
+    with pytest.raises(UnsupportedFunctionError, match=match):
+        inspect(fn, jnp.ones(4))
+
+
+def test_non_array_argument():
+    with pytest.raises(UnsupportedFunctionError, match=r"argument args\[1\] is a str, not an array.*static_argnums"):
+        build_graph(lambda x, n: jnp.sum(x), jnp.ones(4), "three")
+    # Marked static, it is fine.
+    assert build_graph(lambda x, n: jnp.sum(x) * len(n), jnp.ones(4), "three", static_argnums=(1,)).ops
+
+
+def test_unknown_primitive_gets_the_conservative_cost():
+    prim = Primitive("autoremat_test_square_plus_one")
+    prim.def_abstract_eval(lambda x: x)
+    prim.def_impl(lambda x: x * x + 1)
+
+    def f(w, x):
+        return jnp.sum(w * prim.bind(x))  # not differentiated through the primitive
+
+    w, x = jnp.ones((3, 5)), jnp.ones((3, 5))
+    g = build_graph(f, w, x)
+    (op,) = [op for op in g.ops.values() if op.primitive == prim.name]
+    assert op.cost.flops == 15 and op.cost.bytes_read == op.cost.bytes_written == 60
+    assert prim.name in conservatively_costed()
+    report = inspect(f, w, x)
+    assert [r.primitive for r in report.rows] == [prim.name]  # d/dw needs prim(x)
+    assert report.rows[0].recompute_flops == 15
