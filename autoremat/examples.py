@@ -104,6 +104,24 @@ def _check_positive(**knobs: int) -> None:
 # ---------------------------------------------------------------------------
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _mlp_init(key: jax.Array, n_layers: int, width: int, batch: int) -> tuple[Any, Any]:
+    kx, ky, *kl = jax.random.split(key, n_layers + 2)
+    scale = 1.0 / math.sqrt(width)
+    params = [
+        {
+            "w": scale * jax.random.normal(k, (width, width), jnp.float32),
+            "b": jnp.zeros((width,), jnp.float32),
+        }
+        for k in kl
+    ]
+    data = {
+        "x": jax.random.normal(kx, (batch, width), jnp.float32),
+        "y": jax.random.normal(ky, (batch, width), jnp.float32),
+    }
+    return params, data
+
+
 def _mlp_layer(h: jax.Array, layer: dict[str, jax.Array]) -> jax.Array:
     return jax.nn.gelu(h @ layer["w"] + layer["b"][None, :])
 
@@ -130,19 +148,7 @@ def mlp_chain(
       and ``batch = {"x": (batch, width), "y": (batch, width)}``.
     """
     _check_positive(n_layers=n_layers, width=width, batch=batch)
-    kx, ky, *kl = jax.random.split(jax.random.key(seed), n_layers + 2)
-    scale = 1.0 / math.sqrt(width)
-    params = [
-        {
-            "w": scale * jax.random.normal(k, (width, width), jnp.float32),
-            "b": jnp.zeros((width,), jnp.float32),
-        }
-        for k in kl
-    ]
-    data = {
-        "x": jax.random.normal(kx, (batch, width), jnp.float32),
-        "y": jax.random.normal(ky, (batch, width), jnp.float32),
-    }
+    params, data = _mlp_init(jax.random.key(seed), n_layers, width, batch)
     layer = _per_block(_mlp_layer, policy)
 
     def loss(params, batch):
@@ -266,6 +272,27 @@ def _transformer_layer_params(key: jax.Array, d_model: int, n_heads: int, d_ff: 
     }
 
 
+@functools.partial(jax.jit, static_argnums=tuple(range(1, 9)))
+def _transformer_init(
+    key: jax.Array, n_layers: int, d_model: int, n_heads: int, d_ff: int, seq: int, batch: int, vocab: int, scan: bool
+) -> tuple[Any, Any]:
+    ke, kp, ku, kt, *kl = jax.random.split(key, n_layers + 4)
+    layers = [_transformer_layer_params(k, d_model, n_heads, d_ff) for k in kl]
+    if scan:
+        layers = jax.tree.map(lambda *xs: jnp.stack(xs), *layers)
+    params = {
+        "embed": 0.02 * jax.random.normal(ke, (vocab, d_model), jnp.float32),
+        "pos": 0.02 * jax.random.normal(kp, (seq, d_model), jnp.float32),
+        "layers": layers,
+        "ln_f_scale": jnp.ones((d_model,), jnp.float32),
+        "ln_f_bias": jnp.zeros((d_model,), jnp.float32),
+        "unembed": jax.random.normal(ku, (d_model, vocab), jnp.float32) / math.sqrt(d_model),
+    }
+    stream = jax.random.randint(kt, (batch, seq + 1), 0, vocab, dtype=jnp.int32)
+    data = {"tokens": stream[:, :-1], "targets": stream[:, 1:]}
+    return params, data
+
+
 def transformer(
     n_layers: int = 4,
     d_model: int = 256,
@@ -316,20 +343,7 @@ def transformer(
     )
     if d_model % n_heads:
         raise ValueError(f"d_model={d_model} must be a multiple of n_heads={n_heads}")
-    ke, kp, ku, kt, *kl = jax.random.split(jax.random.key(seed), n_layers + 4)
-    layers = [_transformer_layer_params(k, d_model, n_heads, d_ff) for k in kl]
-    if scan:
-        layers = jax.tree.map(lambda *xs: jnp.stack(xs), *layers)
-    params = {
-        "embed": 0.02 * jax.random.normal(ke, (vocab, d_model), jnp.float32),
-        "pos": 0.02 * jax.random.normal(kp, (seq, d_model), jnp.float32),
-        "layers": layers,
-        "ln_f_scale": jnp.ones((d_model,), jnp.float32),
-        "ln_f_bias": jnp.zeros((d_model,), jnp.float32),
-        "unembed": jax.random.normal(ku, (d_model, vocab), jnp.float32) / math.sqrt(d_model),
-    }
-    stream = jax.random.randint(kt, (batch, seq + 1), 0, vocab, dtype=jnp.int32)
-    data = {"tokens": stream[:, :-1], "targets": stream[:, 1:]}
+    params, data = _transformer_init(jax.random.key(seed), n_layers, d_model, n_heads, d_ff, seq, batch, vocab, scan)
 
     block = functools.partial(_transformer_block, tags=tags)
     if scan:
@@ -453,6 +467,29 @@ def _double_conv_params(key: jax.Array, c_in: int, c_out: int) -> dict[str, Any]
     return {"conv1": _conv_params(k1, 3, c_in, c_out), "conv2": _conv_params(k2, 3, c_out, c_out)}
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5))
+def _convnet_init(
+    key: jax.Array, depth: int, channels: int, image: int, batch: int, in_channels: int
+) -> tuple[Any, Any]:
+    width = [channels * 2**i for i in range(depth + 1)]
+    kx, ky, km, kh, *ks = jax.random.split(key, 2 * depth + 4)
+    params = {
+        "down": [
+            _double_conv_params(ks[i], in_channels if i == 0 else width[i - 1], width[i]) for i in range(depth)
+        ],
+        "mid": _double_conv_params(km, width[depth - 1], width[depth]),
+        # up[i] takes the output of stage i + 1 and the skip of down stage i.
+        "up": [_double_conv_params(ks[depth + i], width[i + 1] + width[i], width[i]) for i in range(depth)],
+        "head": _conv_params(kh, 1, width[0], in_channels),
+    }
+    shape = (batch, image, image, in_channels)
+    data = {
+        "x": jax.random.normal(kx, shape, jnp.float32),
+        "y": jax.random.normal(ky, shape, jnp.float32),
+    }
+    return params, data
+
+
 def convnet(
     depth: int = 3,
     channels: int = 16,
@@ -488,22 +525,7 @@ def convnet(
     _check_positive(depth=depth, channels=channels, image=image, batch=batch, in_channels=in_channels)
     if image % (2**depth):
         raise ValueError(f"image={image} must be divisible by 2**depth={2**depth}")
-    width = [channels * 2**i for i in range(depth + 1)]
-    kx, ky, km, kh, *ks = jax.random.split(jax.random.key(seed), 2 * depth + 4)
-    params = {
-        "down": [
-            _double_conv_params(ks[i], in_channels if i == 0 else width[i - 1], width[i]) for i in range(depth)
-        ],
-        "mid": _double_conv_params(km, width[depth - 1], width[depth]),
-        # up[i] takes the output of stage i + 1 and the skip of down stage i.
-        "up": [_double_conv_params(ks[depth + i], width[i + 1] + width[i], width[i]) for i in range(depth)],
-        "head": _conv_params(kh, 1, width[0], in_channels),
-    }
-    shape = (batch, image, image, in_channels)
-    data = {
-        "x": jax.random.normal(kx, shape, jnp.float32),
-        "y": jax.random.normal(ky, shape, jnp.float32),
-    }
+    params, data = _convnet_init(jax.random.key(seed), depth, channels, image, batch, in_channels)
     down = _per_block(_down_block, policy)
     mid = _per_block(_double_conv, policy)
     up = _per_block(_up_block, policy)

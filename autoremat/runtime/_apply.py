@@ -128,11 +128,6 @@ class _Evaluator:
         tags = {}
         tags.update(checkpoint_names(self.plan.values, r.saved))
         tags.update(checkpoint_names(self.plan.values, r.offloaded))
-        # A user-named value is already tagged by its own `name` equation.
-        for vid in list(tags):
-            rec = self.plan.values.get(vid)
-            if rec is not None and rec.name and rec.primitive == "name":
-                del tags[vid]
         saved = sorted(set(checkpoint_names(self.plan.values, r.saved).values()))
         offloaded = sorted(set(checkpoint_names(self.plan.values, r.offloaded).values()))
 
@@ -156,10 +151,6 @@ def _run_scan(eqn, invals, sp: ScanPlan, plan: Plan, oid: str):
     consts, init, xs = invals[:nc], invals[nc:nc + ncar], invals[nc + ncar:]
     prefix = f"{oid}/body/"
     tags = checkpoint_names(plan.values, sp.saved | sp.offloaded)
-    for vid in list(tags):
-        rec = plan.values.get(vid)
-        if rec is not None and rec.name and rec.primitive == "name":
-            del tags[vid]
     saved = sorted(set(checkpoint_names(plan.values, sp.saved).values()))
     offloaded = sorted(set(checkpoint_names(plan.values, sp.offloaded).values()))
 

@@ -102,12 +102,14 @@ class ValueRecord:
 
 
 def checkpoint_names(values: Mapping[str, ValueRecord] | None, ids) -> dict[str, str]:
-    """The `checkpoint_name` used for each value id: the user's name if it has one."""
-    out = {}
-    for v in ids:
-        rec = values.get(v) if values else None
-        out[v] = rec.name if rec is not None and rec.name else "autoremat:" + v
-    return out
+    """The `checkpoint_name` autoremat tags each value id with when it applies a plan.
+
+    Generated names are unique per value, so saving one value never saves another that the
+    user happened to give the same name (every layer's `query_proj`, say).  `to_python()`
+    uses the user's own names where that is equivalent.
+    """
+    del values
+    return {v: "autoremat:" + v for v in ids}
 
 
 @dataclass(frozen=True)

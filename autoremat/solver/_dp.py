@@ -45,6 +45,7 @@ from autoremat.solver._chain import (
 __all__ = ["solve_dp", "DEFAULT_BUCKETS"]
 
 DEFAULT_BUCKETS = 512
+_CHUNK = 1 << 19  # candidates x buckets per numpy step, to bound temporary memory
 
 
 def _plan_pass(problem: ChainProblem, cap: int, unit: int) -> tuple[Segment, ...] | None:
@@ -68,26 +69,35 @@ def _plan_pass(problem: ChainProblem, cap: int, unit: int) -> tuple[Segment, ...
     back: list = [None] * (n + 1)
     for i in range(1, n + 1):
         t = tables[i]
-        keep = (t.stored <= cap) & (t.backward <= cap)
-        if not keep.any():
-            continue
-        idx = np.nonzero(keep)[0]
-        shift = (2 * t.stored[idx] + unit) // (2 * unit)  # nearest, halves up
-        src = qs[None, :] - shift[:, None]
-        ok_src = src >= 0
-        src = np.where(ok_src, src, 0)
-        starts = t.starts[idx][:, None]
-        p_src = prefix[starts, src]
-        p_new = p_src + t.stored[idx][:, None]
-        cand = best_time[starts, src] + t.time[idx][:, None]
-        valid = ok_src & (p_src + t.backward[idx][:, None] <= cap) & (p_new <= cap)
-        cand[~valid] = np.inf
-        fastest = cand.min(axis=0)
-        # Among the fastest candidates of each bucket, the one storing least.
-        best = np.argmin(np.where(cand == fastest[None, :], p_new, _BIG), axis=0)
-        best_time[i] = cand[best, qs]
-        prefix[i] = np.where(np.isinf(best_time[i]), _BIG, p_new[best, qs])
-        back[i] = (idx[best], shift[best])
+        keep = np.nonzero((t.stored <= cap) & (t.backward <= cap))[0]
+        row_time = np.full(n_q, np.inf)
+        row_prefix = np.full(n_q, _BIG, dtype=np.int64)
+        row_choice = np.zeros(n_q, dtype=np.int64)
+        row_shift = np.zeros(n_q, dtype=np.int64)
+        for lo in range(0, keep.size, max(1, _CHUNK // n_q)):
+            idx = keep[lo : lo + max(1, _CHUNK // n_q)]
+            shift = (2 * t.stored[idx] + unit) // (2 * unit)  # nearest, halves up
+            src = qs[None, :] - shift[:, None]
+            ok_src = src >= 0
+            src = np.where(ok_src, src, 0)
+            starts = t.starts[idx][:, None]
+            p_src = prefix[starts, src]
+            p_new = p_src + t.stored[idx][:, None]
+            cand = best_time[starts, src] + t.time[idx][:, None]
+            valid = ok_src & (p_src + t.backward[idx][:, None] <= cap) & (p_new <= cap)
+            cand[~valid] = np.inf
+            fastest = cand.min(axis=0)
+            # Among the fastest candidates of each bucket, the one storing least.
+            best = np.argmin(np.where(cand == fastest[None, :], p_new, _BIG), axis=0)
+            b_time, b_prefix = cand[best, qs], p_new[best, qs]
+            better = (b_time < row_time) | ((b_time == row_time) & (b_prefix < row_prefix))
+            row_time = np.where(better, b_time, row_time)
+            row_prefix = np.where(better, b_prefix, row_prefix)
+            row_choice = np.where(better, idx[best], row_choice)
+            row_shift = np.where(better, shift[best], row_shift)
+        best_time[i] = row_time
+        prefix[i] = np.where(np.isinf(row_time), _BIG, row_prefix)
+        back[i] = (row_choice, row_shift)
     if np.isinf(best_time[n]).all():
         return None
     final = best_time[n]
@@ -121,16 +131,14 @@ def _bound_pass(problem: ChainProblem, cap: int, unit: int) -> float:
         shift = t.stored // unit
         # Largest source bucket whose stage passes: q * unit + backward <= cap.
         src_max = np.where(t.backward <= cap, (cap - t.backward) // unit, -1)
-        keep = (shift < n_q) & (src_max >= 0)
-        if not keep.any():
-            continue
-        idx = np.nonzero(keep)[0]
-        shift, src_max = shift[idx], src_max[idx]
-        src = qs[None, :] - shift[:, None]
-        valid = (src >= 0) & (src <= src_max[:, None])
-        cand = table[t.starts[idx][:, None], np.clip(src, 0, n_q - 1)] + t.time[idx][:, None]
-        cand[~valid] = np.inf
-        table[i] = cand.min(axis=0)
+        keep = np.nonzero((shift < n_q) & (src_max >= 0))[0]
+        for lo in range(0, keep.size, max(1, _CHUNK // n_q)):
+            idx = keep[lo : lo + max(1, _CHUNK // n_q)]
+            src = qs[None, :] - shift[idx][:, None]
+            valid = (src >= 0) & (src <= src_max[idx][:, None])
+            cand = table[t.starts[idx][:, None], np.clip(src, 0, n_q - 1)] + t.time[idx][:, None]
+            cand[~valid] = np.inf
+            table[i] = np.minimum(table[i], cand.min(axis=0))
     return float(table[n].min())
 
 

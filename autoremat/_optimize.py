@@ -1,0 +1,292 @@
+"""`optimize(fn, budget)`: plan, realize and check rematerialization for a memory budget.
+
+Like `jax.jit`, the returned function plans on the first call for each argument signature
+(shapes, dtypes, shardings, static arguments) and caches the plan.  Planning is:
+
+1. trace `fn` and build its graph on the device profile;
+2. build the chain problem and solve it for the budget;
+3. compile `jax.value_and_grad` of the rewritten function and read its peak; if it is over
+   the budget, lower the solver's budget by the overshoot and solve again (bounded rounds).
+
+A plan whose compiled peak is over the budget is never returned silently: `optimize` raises
+`InfeasibleBudgetError` naming the lowest peak it reached (or, with `validate=False`, warns
+that the plan was not checked).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import jax
+
+from autoremat._errors import BudgetError, InfeasibleBudgetError
+from autoremat.graph._graph import graph_from_traced
+from autoremat.graph._profiles import detect_profile, get_profile
+from autoremat.graph._trace import split_static, trace
+from autoremat.runtime._apply import apply, check_plan_matches, evaluate_plan
+from autoremat.runtime._plan import Plan
+from autoremat.runtime._validate import ValidationReport, compiled_stats, validate
+from autoremat.solver._budget import format_bytes, parse_budget
+from autoremat.solver._chain import evaluate, lowest_peak_segments
+from autoremat.solver._model import ChainModel, build_chain_model
+from autoremat.solver._solve import solve
+
+__all__ = ["optimize", "Optimized", "plan_for"]
+
+AUTO_MARGIN = 0.9  # budget="auto": this fraction of the device's memory
+
+
+def _abstract(x):
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return x
+    sharding = None if isinstance(x, jax.core.Tracer) else getattr(x, "sharding", None)
+    try:
+        return jax.ShapeDtypeStruct(jax.numpy.shape(x), jax.numpy.result_type(x), sharding=sharding)
+    except Exception:
+        return jax.ShapeDtypeStruct(jax.numpy.shape(x), jax.numpy.result_type(x))
+
+
+@dataclass
+class _Planned:
+    plan: Plan
+    traced: object
+    model: ChainModel
+    baseline_peak: int | None
+    history: list
+
+
+def _sharding_key(x) -> str:
+    """Only a concrete NamedSharding distinguishes signatures (tracers carry none we can use)."""
+    if isinstance(x, jax.core.Tracer):
+        return ""
+    s = getattr(x, "sharding", None)
+    return repr(s) if isinstance(s, jax.sharding.NamedSharding) else ""
+
+
+def _log(verbose: bool, msg: str):
+    if verbose:
+        print(f"[autoremat] {msg}", file=sys.stderr, flush=True)
+
+
+def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=None, offload=None,
+             solver: str = "auto", time_limit: float | None = None, argnums=0, static_argnums=(),
+             has_aux: bool = False, validate: bool = True, max_rounds: int = 4, verbose: bool = False,
+             progress=None) -> _Planned:
+    """Plans `fn` for one argument signature (the work behind `Optimized.plan`)."""
+    kwargs = dict(kwargs or {})
+    say = progress or (lambda m: _log(verbose, m))
+    profile = get_profile(device) if device is not None else detect_profile()
+    if offload is None:
+        # On the CPU, "host" memory is device memory: offloading saves nothing there.
+        offload = profile.name != "cpu"
+    abstract_args = tuple(a if i in set(static_argnums) else jax.tree_util.tree_map(_abstract, a)
+                          for i, a in enumerate(args))
+    abstract_kwargs = jax.tree_util.tree_map(_abstract, kwargs)
+    t0 = time.perf_counter()
+    traced = trace(fn, abstract_args, abstract_kwargs, argnums=argnums, static_argnums=static_argnums,
+                   has_aux=has_aux)
+    g = graph_from_traced(traced, profile=profile)
+    say(f"traced {len(traced.jaxpr.eqns)} equations; graph built in {time.perf_counter() - t0:.1f}s "
+        f"(profile {profile.name})")
+    t1 = time.perf_counter()
+    model = build_chain_model(g, offload=offload)
+    say(f"{len(model.blocks)} blocks, {sum(len(v) for v in model.problem.options.values())} region options "
+        f"({time.perf_counter() - t1:.1f}s)")
+
+    stats_kw = dict(argnums=traced.argnums, static_argnums=static_argnums, has_aux=has_aux)
+    baseline_peak = None
+    if validate:
+        baseline_peak = compiled_stats(fn, *abstract_args, **stats_kw, **abstract_kwargs).peak_bytes
+        say(f"un-optimized compiled peak {format_bytes(baseline_peak)}")
+    if isinstance(budget, str) and budget.strip().lower() == "auto":
+        budget_bytes = int(_device_memory(profile) * AUTO_MARGIN)
+    else:
+        reference = baseline_peak
+        if reference is None and isinstance(budget, float):
+            none_segments = _all_none(model)
+            reference = evaluate(model.problem, none_segments)[0]
+        budget_bytes = parse_budget(budget, reference_peak=reference)
+    say(f"budget {format_bytes(budget_bytes)}")
+
+    history = []
+    meta = {"function": getattr(fn, "__name__", "fn"), "jax": jax.__version__, "backend": jax.default_backend(),
+            "baseline_peak": baseline_peak, "blocks": len(model.blocks)}
+    if baseline_peak is not None and baseline_peak <= budget_bytes:
+        segs = _all_none(model)
+        plan = model.to_plan(segs, budget=budget_bytes, meta={**meta, "note": "fits without remat"})
+        plan = _with(plan, predicted_peak=evaluate(model.problem, segs)[0], estimated_extra_time=0.0)
+        say("the un-optimized step already fits: nothing to rematerialize")
+        return _Planned(plan, traced, model, baseline_peak, history)
+
+    target = budget_bytes
+    best_over = None
+    for rnd in range(max_rounds):
+        try:
+            result = solve(model.problem, target, method=solver, time_limit=time_limit)
+        except InfeasibleBudgetError as e:
+            if rnd == 0:
+                raise InfeasibleBudgetError(
+                    f"budget {format_bytes(budget_bytes)} is below the lowest peak autoremat can reach for "
+                    f"{meta['function']}, {format_bytes(e.lowest)} (predicted); raise the budget to at least "
+                    f"{format_bytes(e.lowest)}" + ("" if offload else " or enable offload (offload=True)"),
+                    budget=budget_bytes, lowest=e.lowest) from None
+            break
+        plan = model.to_plan(result.segments, budget=budget_bytes, result=result, meta={**meta, "round": rnd + 1})
+        say(f"round {rnd + 1}: solver {result.solver} ({result.status}, {result.solve_time:.2f}s) predicts "
+            f"{format_bytes(result.peak_bytes)}, +{result.objective * 1e3:.3g} ms")
+        if not validate:
+            warnings.warn(
+                f"autoremat: plan for {meta['function']} predicts {format_bytes(result.peak_bytes)} for the budget "
+                f"{format_bytes(budget_bytes)} but was NOT compiled to check it (validate=False)", stacklevel=3)
+            return _Planned(plan, traced, model, baseline_peak, history)
+        compiled = compiled_stats(apply(fn, plan), *abstract_args, **stats_kw, **abstract_kwargs).peak_bytes
+        history.append({"round": rnd + 1, "target": target, "predicted": result.peak_bytes, "compiled": compiled})
+        say(f"round {rnd + 1}: compiled peak {format_bytes(compiled)} "
+            f"({'fits' if compiled <= budget_bytes else 'over budget'})")
+        if compiled <= budget_bytes:
+            plan = _with(plan, meta={**plan.meta, "compiled_peak": compiled, "rounds": history})
+            return _Planned(plan, traced, model, baseline_peak, history)
+        best_over = compiled if best_over is None else min(best_over, compiled)
+        # The model under-predicted by (compiled - predicted): ask the solver for that much less.
+        target = target - (compiled - budget_bytes) - max(1, budget_bytes // 200)
+        if target <= 0:
+            break
+    # Find the lowest compiled peak we can reach, to say it.
+    low = lowest_peak_segments(model.problem)
+    low_plan = model.to_plan(low, budget=None, meta=meta)
+    low_compiled = compiled_stats(apply(fn, low_plan), *abstract_args, **stats_kw, **abstract_kwargs).peak_bytes
+    lowest = min(low_compiled, best_over or low_compiled)
+    raise InfeasibleBudgetError(
+        f"budget {format_bytes(budget_bytes)} is below what autoremat could reach for {meta['function']}: the "
+        f"lowest compiled peak it found is {format_bytes(lowest)}; raise the budget to at least "
+        f"{format_bytes(lowest)}" + ("" if offload else " or enable offload (offload=True)"),
+        budget=budget_bytes, lowest=lowest)
+
+
+def _all_none(model: ChainModel):
+    from autoremat.solver._chain import Segment
+
+    segs = []
+    for i in range(model.problem.n_blocks):
+        opts = model.problem.options[(i, i + 1)]
+        segs.append(Segment(i, i + 1, next(o for o in opts if o.name == "none")))
+    return tuple(segs)
+
+
+def _with(plan: Plan, **kw) -> Plan:
+    from dataclasses import replace
+
+    return replace(plan, **kw)
+
+
+def _device_memory(profile) -> int:
+    try:
+        stats = jax.devices()[0].memory_stats()
+        if stats and stats.get("bytes_limit"):
+            return int(stats["bytes_limit"])
+    except Exception:
+        pass
+    return int(profile.memory_bytes)
+
+
+class Optimized:
+    """The function `optimize` returns: fn with a rematerialization plan per signature.
+
+    Call it like fn.  `.plan(*args)`, `.validate(*args)` and `.report(*args)` expose the plan
+    for those argument shapes, its compiled validation and a readable report.
+    """
+
+    def __init__(self, fn, budget, *, device=None, offload=None, solver="auto", time_limit=None, argnums=0,
+                 static_argnums=(), has_aux=False, validate=True, max_rounds=4, verbose=False):
+        if budget is None:
+            raise BudgetError("optimize needs a budget: bytes (int), a string such as '8GB', a fraction in (0, 1] "
+                              "of the un-optimized peak, or 'auto'")
+        if solver not in ("auto", "dp", "cpsat", "greedy", "brute"):
+            raise ValueError(f"unknown solver {solver!r}; use 'auto', 'dp', 'cpsat' or 'greedy'")
+        self.fn = fn
+        self.budget = budget
+        self._opts = dict(device=device, offload=offload, solver=solver, time_limit=time_limit, argnums=argnums,
+                          static_argnums=tuple(static_argnums), has_aux=has_aux, validate=validate,
+                          max_rounds=max_rounds, verbose=verbose)
+        self._cache: dict = {}
+        functools.update_wrapper(self, fn)
+
+    def _key(self, args, kwargs):
+        dynamic, static = split_static(args, self._opts["static_argnums"])
+        leaves, treedef = jax.tree_util.tree_flatten((dynamic, kwargs))
+        sig = tuple((tuple(jax.numpy.shape(x)), str(jax.numpy.result_type(x)), _sharding_key(x)) for x in leaves)
+        return treedef, sig, tuple(sorted((k, repr(v)) for k, v in static.items()))
+
+    def _planned(self, args, kwargs) -> _Planned:
+        key = self._key(args, kwargs)
+        if key not in self._cache:
+            self._cache[key] = plan_for(self.fn, self.budget, args, kwargs, **self._opts)
+        return self._cache[key]
+
+    def plan(self, *args, **kwargs) -> Plan:
+        """The plan for these argument shapes (solved on first use, then cached)."""
+        return self._planned(args, kwargs).plan
+
+    def __call__(self, *args, **kwargs):
+        p = self._planned(args, kwargs)
+        dynamic, _ = split_static(args, self._opts["static_argnums"])
+        leaves = jax.tree_util.tree_leaves((dynamic, kwargs))
+        out = evaluate_plan(p.traced, p.plan, leaves)
+        return jax.tree_util.tree_unflatten(p.traced.out_tree, out)
+
+    def validate(self, *args, n_steps: int = 0, **kwargs) -> ValidationReport:
+        """Compiles value_and_grad of the optimized function and compares it with the plan."""
+        return validate(self.fn, self.plan(*args, **kwargs), *args, n_steps=n_steps, **kwargs)
+
+    def report(self, *args, **kwargs) -> str:
+        """The plan's summary and its compiled validation, as text."""
+        p = self._planned(args, kwargs)
+        return p.plan.summary() + "\n\n" + str(self.validate(*args, **kwargs))
+
+
+def optimize(fn, budget, *, device=None, offload=None, solver: str = "auto", time_limit: float | None = None,
+             argnums=0, static_argnums: Sequence[int] = (), has_aux: bool = False, validate: bool = True,
+             max_rounds: int = 4, verbose: bool = False) -> Optimized:
+    """Returns `fn` rewritten so that `jax.value_and_grad(fn)` fits `budget` at the least extra time.
+
+    Args:
+      fn: a function returning a scalar loss (differentiated w.r.t. `argnums`).
+      budget: peak device memory of the compiled `value_and_grad` step: `"8GB"`, `"7.5GiB"`,
+        `"512MiB"`, an int number of bytes, a float in (0, 1] (fraction of the un-optimized
+        peak), or `"auto"` (90% of the device's memory).
+      device: device profile name or `DeviceProfile` for the time model (default: detected).
+      offload: allow offloading to pinned host memory (default: on except on CPU).
+      solver: "auto" (DP, plus CP-SAT on small chains), "dp", "cpsat" or "greedy".
+      time_limit: seconds for the exact solver.
+      validate: compile to check the plan and correct the model (default True).
+      max_rounds: compile-and-correct rounds before giving up.
+      verbose: progress on stderr.
+
+    Raises:
+      BudgetError: the budget is malformed.
+      InfeasibleBudgetError: no plan reaches the budget; the message names the lowest peak.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, autoremat
+      >>> def loss(ws, x):
+      ...     for w1, w2 in ws:
+      ...         x = x + jnp.tanh(x @ w1) @ w2
+      ...     return jnp.mean(x ** 2)
+      >>> ws = [(jnp.full((64, 256), 0.01), jnp.full((256, 64), 0.01)) for _ in range(4)]
+      >>> x = jnp.ones((128, 64))
+      >>> opt = autoremat.optimize(loss, budget=0.8)
+      >>> g1 = jax.grad(loss)(ws, x)
+      >>> g2 = jax.grad(opt)(ws, x)
+      >>> all(bool(jnp.allclose(a, b)) for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)))
+      True
+      >>> opt.validate(ws, x).fits
+      True
+    """
+    return Optimized(fn, budget, device=device, offload=offload, solver=solver, time_limit=time_limit,
+                     argnums=argnums, static_argnums=static_argnums, has_aux=has_aux, validate=validate,
+                     max_rounds=max_rounds, verbose=verbose)
