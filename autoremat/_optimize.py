@@ -39,6 +39,8 @@ from autoremat.solver._solve import solve
 __all__ = ["optimize", "Optimized", "plan_for"]
 
 AUTO_MARGIN = 0.9  # budget="auto": this fraction of the device's memory
+# Compiled peaks of plans already compiled in this process: (function signature, segments) -> bytes.
+_COMPILED: dict = {}
 
 
 def _abstract(x):
@@ -75,8 +77,8 @@ def _log(verbose: bool, msg: str):
 
 def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=None, offload=None,
              solver: str = "auto", time_limit: float | None = None, argnums=0, static_argnums=(),
-             has_aux: bool = False, validate: bool = True, max_rounds: int = 4, verbose: bool = False,
-             progress=None) -> _Planned:
+             has_aux: bool = False, validate: bool = True, max_rounds: int = 3, verbose: bool = False,
+             progress=None, max_candidates: int = 8) -> _Planned:
     """Plans `fn` for one argument signature (the work behind `Optimized.plan`)."""
     kwargs = dict(kwargs or {})
     say = progress or (lambda m: _log(verbose, m))
@@ -112,6 +114,15 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
             reference = evaluate(model.problem, none_segments)[0]
         budget_bytes = parse_budget(budget, reference_peak=reference)
     say(f"budget {format_bytes(budget_bytes)}")
+    if baseline_peak is not None:
+        # Calibrate what un-checkpointed regions keep against the compiled un-optimized step.
+        predicted_none = evaluate(model.problem, _all_none(model))[0]
+        if predicted_none > model.base_bytes and baseline_peak > model.base_bytes:
+            scale = (baseline_peak - model.base_bytes) / (predicted_none - model.base_bytes)
+            scale = min(1.0, max(0.3, scale))
+            if scale < 0.97:
+                model = build_chain_model(g, offload=offload, none_scale=scale)
+                say(f"calibrated the residual model to the compiled step (x{scale:.2f})")
 
     history = []
     meta = {"function": getattr(fn, "__name__", "fn"), "jax": jax.__version__, "backend": jax.default_backend(),
@@ -124,43 +135,77 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
         return _Planned(plan, traced, model, baseline_peak, history)
 
     target = budget_bytes
-    best_over = None
+    tried: dict = {}
+    sig = (traced.fingerprint, str(traced.in_avals), model.none_scale)
+
+    def compile_peak(segments) -> int:
+        key = tuple((sg.start, sg.stop, sg.option.name) for sg in segments)
+        if key not in tried:
+            if (sig, key) not in _COMPILED:
+                p = model.to_plan(segments, budget=budget_bytes, meta=meta)
+                _COMPILED[(sig, key)] = compiled_stats(apply(fn, p), *abstract_args, **stats_kw,
+                                                       **abstract_kwargs).peak_bytes
+            tried[key] = _COMPILED[(sig, key)]
+        return tried[key]
+
+    def accept(segments, result, how):
+        plan = model.to_plan(segments, budget=budget_bytes, result=result, meta=meta)
+        if result is None:
+            peak, extra = evaluate(model.raw_problem, segments)
+            plan = _with(plan, predicted_peak=peak, estimated_extra_time=extra)
+        compiled = compile_peak(segments)
+        plan = _with(plan, meta={**plan.meta, "compiled_peak": compiled, "rounds": history, "found_by": how})
+        return _Planned(plan, traced, model, baseline_peak, history)
+
     for rnd in range(max_rounds):
         try:
             result = solve(model.problem, target, method=solver, time_limit=time_limit)
         except InfeasibleBudgetError as e:
-            if rnd == 0:
+            if rnd == 0 and not validate:
                 raise InfeasibleBudgetError(
                     f"budget {format_bytes(budget_bytes)} is below the lowest peak autoremat can reach for "
                     f"{meta['function']}, {format_bytes(e.lowest)} (predicted); raise the budget to at least "
                     f"{format_bytes(e.lowest)}" + ("" if offload else " or enable offload (offload=True)"),
                     budget=budget_bytes, lowest=e.lowest) from None
             break
-        plan = model.to_plan(result.segments, budget=budget_bytes, result=result, meta={**meta, "round": rnd + 1})
         say(f"round {rnd + 1}: solver {result.solver} ({result.status}, {result.solve_time:.2f}s) predicts "
             f"{format_bytes(result.peak_bytes)}, +{result.objective * 1e3:.3g} ms")
         if not validate:
+            plan = model.to_plan(result.segments, budget=budget_bytes, result=result, meta=meta)
             warnings.warn(
                 f"autoremat: plan for {meta['function']} predicts {format_bytes(result.peak_bytes)} for the budget "
                 f"{format_bytes(budget_bytes)} but was NOT compiled to check it (validate=False)", stacklevel=3)
             return _Planned(plan, traced, model, baseline_peak, history)
-        compiled = compiled_stats(apply(fn, plan), *abstract_args, **stats_kw, **abstract_kwargs).peak_bytes
+        compiled = compile_peak(result.segments)
         history.append({"round": rnd + 1, "target": target, "predicted": result.peak_bytes, "compiled": compiled})
         say(f"round {rnd + 1}: compiled peak {format_bytes(compiled)} "
             f"({'fits' if compiled <= budget_bytes else 'over budget'})")
         if compiled <= budget_bytes:
-            plan = _with(plan, meta={**plan.meta, "compiled_peak": compiled, "rounds": history})
-            return _Planned(plan, traced, model, baseline_peak, history)
-        best_over = compiled if best_over is None else min(best_over, compiled)
+            return accept(result.segments, result, f"solver round {rnd + 1}")
         # The model under-predicted by (compiled - predicted): ask the solver for that much less.
         target = target - (compiled - budget_bytes) - max(1, budget_bytes // 200)
         if target <= 0:
             break
-    # Find the lowest compiled peak we can reach, to say it.
-    low = lowest_peak_segments(model.problem)
-    low_plan = model.to_plan(low, budget=None, meta=meta)
-    low_compiled = compiled_stats(apply(fn, low_plan), *abstract_args, **stats_kw, **abstract_kwargs).peak_bytes
-    lowest = min(low_compiled, best_over or low_compiled)
+    # The model and XLA disagree here.  Fall back on compile-verified candidates: every
+    # option kind applied uniformly per block and per pair of blocks (this covers JAX's
+    # built-in policies per block), cheapest estimated time first.
+    cands = []
+    for kind in model.option_kinds():
+        for size in (1, 2):
+            segs = model.uniform(kind, size)
+            if segs is not None:
+                cands.append((evaluate(model.raw_problem, segs)[1], kind, size, segs))
+    cands.sort(key=lambda c: c[0])
+    say(f"the model and XLA disagree; trying {len(cands)} compile-verified uniform plans")
+    for extra, kind, size, segs in cands[:max_candidates]:
+        peak = compile_peak(segs)
+        if peak <= budget_bytes:
+            say(f"uniform {kind} over {size} block(s): compiled {format_bytes(peak)} fits")
+            return accept(segs, None, f"uniform {kind} x{size}")
+    lowest = min(tried.values()) if tried else None
+    if lowest is None:
+        low = lowest_peak_segments(model.problem)
+        lowest = compile_peak(low)
     raise InfeasibleBudgetError(
         f"budget {format_bytes(budget_bytes)} is below what autoremat could reach for {meta['function']}: the "
         f"lowest compiled peak it found is {format_bytes(lowest)}; raise the budget to at least "
@@ -202,7 +247,7 @@ class Optimized:
     """
 
     def __init__(self, fn, budget, *, device=None, offload=None, solver="auto", time_limit=None, argnums=0,
-                 static_argnums=(), has_aux=False, validate=True, max_rounds=4, verbose=False):
+                 static_argnums=(), has_aux=False, validate=True, max_rounds=3, verbose=False):
         if budget is None:
             raise BudgetError("optimize needs a budget: bytes (int), a string such as '8GB', a fraction in (0, 1] "
                               "of the un-optimized peak, or 'auto'")
@@ -251,7 +296,7 @@ class Optimized:
 
 def optimize(fn, budget, *, device=None, offload=None, solver: str = "auto", time_limit: float | None = None,
              argnums=0, static_argnums: Sequence[int] = (), has_aux: bool = False, validate: bool = True,
-             max_rounds: int = 4, verbose: bool = False) -> Optimized:
+             max_rounds: int = 3, verbose: bool = False) -> Optimized:
     """Returns `fn` rewritten so that `jax.value_and_grad(fn)` fits `budget` at the least extra time.
 
     Args:

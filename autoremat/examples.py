@@ -24,8 +24,8 @@ Models:
 * :func:`convnet`: a small U-Net whose skip connections make the graph a DAG
   rather than a chain.
 
-Default sizes compile and run forward + backward in about a second on a 2-core
-CPU. :data:`SIZES` holds larger ``"gpu"`` knobs for benchmarks;
+Default sizes compile and run forward + backward in a few seconds at most on a
+2-core CPU. :data:`SIZES` holds larger ``"gpu"`` knobs for benchmarks;
 :func:`get_example` picks a size preset and applies overrides.
 """
 
@@ -89,7 +89,8 @@ def _per_block(block: Callable, policy: Policy | None, *, prevent_cse: bool = Tr
 def _remat_text(policy: Policy | None) -> str:
     if policy is None:
         return "no remat"
-    name = getattr(policy, "__name__", None) or type(policy).__name__
+    presets = {id(p): f"MAXTEXT_PRESETS[{k!r}]" for k, p in MAXTEXT_PRESETS.items() if k != "full"}
+    name = presets.get(id(policy)) or getattr(policy, "__name__", None) or repr(policy)
     return f"per-block jax.checkpoint(policy={name})"
 
 
@@ -99,6 +100,34 @@ def _check_positive(**knobs: int) -> None:
             raise ValueError(f"{knob} must be a positive int, got {value!r}")
 
 
+@dataclasses.dataclass(frozen=True)
+class _Normal:
+    """A placeholder for ``scale * normal(shape)``, filled in by :func:`_draw`."""
+
+    shape: tuple[int, ...]
+    scale: float = 1.0
+
+
+def _draw(key: jax.Array, tree: Any) -> Any:
+    """Replaces every :class:`_Normal` in ``tree`` with float32 normal samples.
+
+    All samples come from one ``jax.random.normal`` call: XLA:CPU takes seconds
+    to compile each separate threefry call, one draw per leaf would dominate the
+    time to build an example.
+    """
+    leaves, treedef = jax.tree.flatten(tree, is_leaf=lambda x: isinstance(x, _Normal))
+    total = sum(math.prod(leaf.shape) for leaf in leaves if isinstance(leaf, _Normal))
+    flat = jax.random.normal(key, (total,), jnp.float32)
+    out, offset = [], 0
+    for leaf in leaves:
+        if isinstance(leaf, _Normal):
+            size = math.prod(leaf.shape)
+            leaf = leaf.scale * flat[offset : offset + size].reshape(leaf.shape)
+            offset += size
+        out.append(leaf)
+    return jax.tree.unflatten(treedef, out)
+
+
 # ---------------------------------------------------------------------------
 # MLP chain
 # ---------------------------------------------------------------------------
@@ -106,20 +135,12 @@ def _check_positive(**knobs: int) -> None:
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))
 def _mlp_init(key: jax.Array, n_layers: int, width: int, batch: int) -> tuple[Any, Any]:
-    kx, ky, *kl = jax.random.split(key, n_layers + 2)
     scale = 1.0 / math.sqrt(width)
     params = [
-        {
-            "w": scale * jax.random.normal(k, (width, width), jnp.float32),
-            "b": jnp.zeros((width,), jnp.float32),
-        }
-        for k in kl
+        {"w": _Normal((width, width), scale), "b": jnp.zeros((width,), jnp.float32)} for _ in range(n_layers)
     ]
-    data = {
-        "x": jax.random.normal(kx, (batch, width), jnp.float32),
-        "y": jax.random.normal(ky, (batch, width), jnp.float32),
-    }
-    return params, data
+    data = {"x": _Normal((batch, width)), "y": _Normal((batch, width))}
+    return _draw(key, (params, data))
 
 
 def _mlp_layer(h: jax.Array, layer: dict[str, jax.Array]) -> jax.Array:
@@ -253,22 +274,21 @@ def _transformer_block(h: jax.Array, p: dict[str, jax.Array], *, tags: bool) -> 
     return h + down
 
 
-def _transformer_layer_params(key: jax.Array, d_model: int, n_heads: int, d_ff: int) -> dict[str, jax.Array]:
+def _transformer_layer_params(d_model: int, n_heads: int, d_ff: int) -> dict[str, Any]:
     d_head = d_model // n_heads
-    kq, kk, kv, ko, ki, kf = jax.random.split(key, 6)
     s_in, s_ff = 1.0 / math.sqrt(d_model), 1.0 / math.sqrt(d_ff)
     f32 = jnp.float32
     return {
         "ln1_scale": jnp.ones((d_model,), f32),
         "ln1_bias": jnp.zeros((d_model,), f32),
-        "wq": s_in * jax.random.normal(kq, (d_model, n_heads, d_head), f32),
-        "wk": s_in * jax.random.normal(kk, (d_model, n_heads, d_head), f32),
-        "wv": s_in * jax.random.normal(kv, (d_model, n_heads, d_head), f32),
-        "wo": s_in * jax.random.normal(ko, (n_heads, d_head, d_model), f32),
+        "wq": _Normal((d_model, n_heads, d_head), s_in),
+        "wk": _Normal((d_model, n_heads, d_head), s_in),
+        "wv": _Normal((d_model, n_heads, d_head), s_in),
+        "wo": _Normal((n_heads, d_head, d_model), s_in),
         "ln2_scale": jnp.ones((d_model,), f32),
         "ln2_bias": jnp.zeros((d_model,), f32),
-        "w_in": s_in * jax.random.normal(ki, (d_model, d_ff), f32),
-        "w_out": s_ff * jax.random.normal(kf, (d_ff, d_model), f32),
+        "w_in": _Normal((d_model, d_ff), s_in),
+        "w_out": _Normal((d_ff, d_model), s_ff),
     }
 
 
@@ -276,21 +296,22 @@ def _transformer_layer_params(key: jax.Array, d_model: int, n_heads: int, d_ff: 
 def _transformer_init(
     key: jax.Array, n_layers: int, d_model: int, n_heads: int, d_ff: int, seq: int, batch: int, vocab: int, scan: bool
 ) -> tuple[Any, Any]:
-    ke, kp, ku, kt, *kl = jax.random.split(key, n_layers + 4)
-    layers = [_transformer_layer_params(k, d_model, n_heads, d_ff) for k in kl]
+    k_params, k_tokens = jax.random.split(key)
+    params = _draw(
+        k_params,
+        {
+            "embed": _Normal((vocab, d_model), 0.02),
+            "pos": _Normal((seq, d_model), 0.02),
+            "layers": [_transformer_layer_params(d_model, n_heads, d_ff) for _ in range(n_layers)],
+            "ln_f_scale": jnp.ones((d_model,), jnp.float32),
+            "ln_f_bias": jnp.zeros((d_model,), jnp.float32),
+            "unembed": _Normal((d_model, vocab), 1.0 / math.sqrt(d_model)),
+        },
+    )
     if scan:
-        layers = jax.tree.map(lambda *xs: jnp.stack(xs), *layers)
-    params = {
-        "embed": 0.02 * jax.random.normal(ke, (vocab, d_model), jnp.float32),
-        "pos": 0.02 * jax.random.normal(kp, (seq, d_model), jnp.float32),
-        "layers": layers,
-        "ln_f_scale": jnp.ones((d_model,), jnp.float32),
-        "ln_f_bias": jnp.zeros((d_model,), jnp.float32),
-        "unembed": jax.random.normal(ku, (d_model, vocab), jnp.float32) / math.sqrt(d_model),
-    }
-    stream = jax.random.randint(kt, (batch, seq + 1), 0, vocab, dtype=jnp.int32)
-    data = {"tokens": stream[:, :-1], "targets": stream[:, 1:]}
-    return params, data
+        params["layers"] = jax.tree.map(lambda *xs: jnp.stack(xs), *params["layers"])
+    stream = jax.random.randint(k_tokens, (batch, seq + 1), 0, vocab, dtype=jnp.int32)
+    return params, {"tokens": stream[:, :-1], "targets": stream[:, 1:]}
 
 
 def transformer(
@@ -454,17 +475,12 @@ def _up_block(x: jax.Array, skip: jax.Array, p: dict[str, Any]) -> jax.Array:
     return _double_conv(jnp.concatenate([_upsample2(x), skip], axis=-1), p)
 
 
-def _conv_params(key: jax.Array, k: int, c_in: int, c_out: int) -> dict[str, jax.Array]:
-    scale = math.sqrt(2.0 / (k * k * c_in))
-    return {
-        "w": scale * jax.random.normal(key, (k, k, c_in, c_out), jnp.float32),
-        "b": jnp.zeros((c_out,), jnp.float32),
-    }
+def _conv_params(k: int, c_in: int, c_out: int) -> dict[str, Any]:
+    return {"w": _Normal((k, k, c_in, c_out), math.sqrt(2.0 / (k * k * c_in))), "b": jnp.zeros((c_out,), jnp.float32)}
 
 
-def _double_conv_params(key: jax.Array, c_in: int, c_out: int) -> dict[str, Any]:
-    k1, k2 = jax.random.split(key)
-    return {"conv1": _conv_params(k1, 3, c_in, c_out), "conv2": _conv_params(k2, 3, c_out, c_out)}
+def _double_conv_params(c_in: int, c_out: int) -> dict[str, Any]:
+    return {"conv1": _conv_params(3, c_in, c_out), "conv2": _conv_params(3, c_out, c_out)}
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5))
@@ -472,22 +488,15 @@ def _convnet_init(
     key: jax.Array, depth: int, channels: int, image: int, batch: int, in_channels: int
 ) -> tuple[Any, Any]:
     width = [channels * 2**i for i in range(depth + 1)]
-    kx, ky, km, kh, *ks = jax.random.split(key, 2 * depth + 4)
     params = {
-        "down": [
-            _double_conv_params(ks[i], in_channels if i == 0 else width[i - 1], width[i]) for i in range(depth)
-        ],
-        "mid": _double_conv_params(km, width[depth - 1], width[depth]),
+        "down": [_double_conv_params(in_channels if i == 0 else width[i - 1], width[i]) for i in range(depth)],
+        "mid": _double_conv_params(width[depth - 1], width[depth]),
         # up[i] takes the output of stage i + 1 and the skip of down stage i.
-        "up": [_double_conv_params(ks[depth + i], width[i + 1] + width[i], width[i]) for i in range(depth)],
-        "head": _conv_params(kh, 1, width[0], in_channels),
+        "up": [_double_conv_params(width[i + 1] + width[i], width[i]) for i in range(depth)],
+        "head": _conv_params(1, width[0], in_channels),
     }
     shape = (batch, image, image, in_channels)
-    data = {
-        "x": jax.random.normal(kx, shape, jnp.float32),
-        "y": jax.random.normal(ky, shape, jnp.float32),
-    }
-    return params, data
+    return _draw(key, (params, {"x": _Normal(shape), "y": _Normal(shape)}))
 
 
 def convnet(
@@ -573,7 +582,12 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
     "transformer_scan": {"small": {}, "gpu": dict(_TRANSFORMER_GPU)},
     "convnet": {"small": {}, "gpu": {"depth": 4, "channels": 64, "image": 256, "batch": 16}},
 }
-"""Size presets per example: ``"small"`` (the defaults, for a 2-core CPU) and ``"gpu"`` (a few GiB)."""
+"""Size presets per example: ``"small"`` (the defaults, for a 2-core CPU) and ``"gpu"``.
+
+The ``"gpu"`` sizes fit one 80 GB accelerator without remat; XLA:CPU compiles them to
+peaks of about 6 GiB (mlp_chain), 24 GiB (transformer), 30 GiB (transformer_scan) and
+5 GiB (convnet).
+"""
 
 
 def get_example(name: str, *, size: str = "small", **overrides: Any) -> Example:

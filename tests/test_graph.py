@@ -4,6 +4,7 @@ Residual bytes are checked against JAX's own `saved_residuals`, FLOPs against XL
 `cost_analysis` (DESIGN.md facts 6 and 9), on the built-in example models at small sizes.
 """
 
+import functools
 import json
 import os
 import subprocess
@@ -32,7 +33,8 @@ from autoremat.graph import (
     trace,
 )
 
-# Small knobs: the whole file runs in well under a minute on a 2-core CPU.
+# Small knobs: the whole file runs in well under a minute on a 2-core CPU. Each model is
+# built once (functools.cache) and shared by the tests below.
 MODELS = {
     "mlp": lambda: examples.mlp_chain(n_layers=4, width=64, batch=16),
     "transformer": lambda: examples.transformer(n_layers=2, d_model=64, n_heads=4, seq=16, batch=2, vocab=64),
@@ -42,6 +44,7 @@ MODELS = {
     # our per-output-element conv count includes (about 4% here, 16% on 16x16 images).
     "convnet": lambda: examples.convnet(depth=2, channels=4, image=64, batch=1),
 }
+MODELS = {name: functools.cache(factory) for name, factory in MODELS.items()}
 
 
 def jax_residuals(fn, *args):
@@ -132,7 +135,7 @@ def test_residual_bytes_match_jax(name):
 @pytest.mark.parametrize("name", ["mlp", "transformer", "convnet"])
 def test_flops_match_xla_on_unrolled_models(name):
     ex = MODELS[name]()
-    ours, xla = build_graph(*[ex.fn, *ex.args]).total_flops(), xla_flops(ex.fn, *ex.args)
+    ours, xla = build_graph(ex.fn, *ex.args).total_flops(), xla_flops(ex.fn, *ex.args)
     assert ours == pytest.approx(xla, rel=0.10)
 
 
@@ -301,7 +304,7 @@ def test_inspect_report():
 
 def test_inspect_names_and_table_on_a_transformer():
     ex = examples.transformer(n_layers=1, d_model=32, n_heads=2, seq=8, batch=1, vocab=32)
-    report = inspect(*[ex.fn, *ex.args])
+    report = inspect(ex.fn, *ex.args)
     assert {"query_proj", "key_proj", "value_proj", "mlpwi"} <= {r.name for r in report.rows if r.name}
     named = [r for r in report.rows if r.name == "mlpwi"]
     assert named and all(r.description.startswith("named 'mlpwi' from ") for r in named)

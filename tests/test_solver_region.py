@@ -211,3 +211,11 @@ def test_negative_cap_is_rejected(solver):
 def test_pareto_rejects_unknown_method():
     with pytest.raises(ValueError, match=r"unknown method 'lp'"):
         region_pareto(chain_problem(), [1], method="lp")
+
+
+def test_region_problem_pickles_and_hashes():
+    import pickle
+
+    problem = chain_problem()
+    again = pickle.loads(pickle.dumps(problem))
+    assert again == problem and hash(again) == hash(problem)

@@ -168,6 +168,10 @@ class ChainProblem:
                 f"no chain of allowed regions from 0 reaches position {first}"
             )
 
+    def __reduce__(self):
+        # The read-only options view does not pickle; rebuild from a dict.
+        return (ChainProblem, (self.n_blocks, self.base_bytes, dict(self.options), self.block_names))
+
     def block_label(self, i: int) -> str:
         """The name of block ``i`` if known, else ``"block i"``."""
         return self.block_names[i] if self.block_names else f"block {i}"

@@ -101,8 +101,8 @@ def solve_cpsat(
 
     Returns:
       ``"optimal"`` (gap 0), ``"feasible"`` with the gap proven from CP-SAT's
-      best bound when the time limit stops it, ``"unknown"`` when no plan was
-      found in time, ``"infeasible"`` (with ``lowest_peak``) exactly when
+      best bound when the time limit stops it (the hint itself, if CP-SAT found
+      nothing better and it fits), ``"unknown"`` when no plan was found in time, ``"infeasible"`` (with ``lowest_peak``) exactly when
       budget < lowest peak.
 
     Raises:
@@ -195,7 +195,10 @@ def solve_cpsat(
     if status == cp_model.MODEL_INVALID:
         raise SolverError(f"CP-SAT rejected the chain model: {model.validate()}")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        # INFEASIBLE here can only come from the conservative byte scaling.
+        # No plan in time (INFEASIBLE here can only come from the byte scaling):
+        # fall back to the hint when it fits.
+        if hint is not None and evaluate(problem, hint)[0] <= budget:
+            return make_result(problem, hint, status="feasible", gap=math.nan, t0=t0, solver="cpsat")
         return unknown_result(t0=t0, solver="cpsat")
     chosen_at = {j: (i, o) for (j, i, o), var in x.items() if solver.boolean_value(var)}
     segments = []

@@ -1,26 +1,30 @@
 """A fast local-search heuristic: for huge chains, and as CP-SAT's warm start.
 
 1. Start from the fastest plan ignoring memory (a shortest path on time).
-2. While over budget, apply the local move with the most peak bytes saved per
-   second added (a move with no time cost goes first).
+2. While over budget, apply the move with the most peak bytes saved per second
+   added (a move that adds no time goes first).
 3. If no move lowers the peak, restart from the lowest-peak plan (exact, see
    ``lowest_peak_segments``), which fits whenever any plan does.
 4. While some move saves time and keeps the plan within budget, apply the one
    saving the most.
 
-Moves replace one or two adjacent regions: change a region's option, merge two
-adjacent regions into one, split a region in two (any options). Each move's
-peak is computed in O(1) from prefix/suffix maxima of the stages.
+Moves: replace the regions covering ``[x, y)`` (``x`` and ``y`` current region
+boundaries) by one allowed region ``[x, y)`` with any option, which covers
+changing a region's option and merging regions; and split one region in two
+(any options). Every move is priced in O(1) from prefix sums and prefix/suffix
+maxima of the stages, vectorized with numpy over all moves, so a step costs
+about ``n_candidates`` array operations.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
+
+import numpy as np
 
 from autoremat.solver._chain import (
     ChainProblem,
-    Option,
     Segment,
     SolveResult,
     check_budget,
@@ -38,104 +42,162 @@ __all__ = ["solve_greedy"]
 _NEG = -(2**62)
 
 
-class _State:
-    """A plan with the prefix sums and stage maxima that price moves in O(1)."""
+class _Moves:
+    """All candidate moves of a problem, as flat arrays (built once per solve)."""
 
-    def __init__(self, problem: ChainProblem, segments: Sequence[Segment]):
+    def __init__(self, problem: ChainProblem):
         self.problem = problem
-        self.segments = list(segments)
-        stored = [seg.option.stored_bytes for seg in self.segments]
-        k = len(stored)
-        self.prefix = [0] * (k + 1)
-        for m, s in enumerate(stored):
-            self.prefix[m + 1] = self.prefix[m] + s
-        stages = [self.prefix[m] + seg.option.backward_bytes for m, seg in enumerate(self.segments)]
-        self.pre_max = [_NEG] * (k + 1)  # max stage before m
-        for m in range(k):
-            self.pre_max[m + 1] = max(self.pre_max[m], stages[m])
-        self.suf_max = [_NEG] * (k + 1)  # max stage from m on
-        for m in range(k - 1, -1, -1):
-            self.suf_max[m] = max(self.suf_max[m + 1], stages[m])
-        self.total = self.prefix[k]
-        self.peak = max(self.total, self.suf_max[0]) + problem.base_bytes
-        self.time = sum(seg.option.extra_time for seg in self.segments)
+        regions = sorted(problem.options.items())
+        flat = [(j, i, o) for (j, i), opts in regions for o in opts]
+        self.x = np.array([j for j, _, _ in flat], dtype=np.int64)
+        self.y = np.array([i for _, i, _ in flat], dtype=np.int64)
+        self.s = np.array([o.stored_bytes for *_, o in flat], dtype=np.int64)
+        self.b = np.array([o.backward_bytes for *_, o in flat], dtype=np.int64)
+        self.t = np.array([o.extra_time for *_, o in flat], dtype=np.float64)
+        self.opt = [o for *_, o in flat]
+        first = {}
+        for k, (j, i, _) in enumerate(flat):
+            first.setdefault((j, i), k)
+        self.first = first  # (start, stop) -> index of its first option in the flat arrays
+        self._splits: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}
 
-    def price(self, a: int, c: int, new: Sequence[tuple[int, int, Option]]) -> tuple[int, float]:
-        """(peak, time) after replacing segments ``a..c-1`` with ``new``."""
-        p = self.prefix[a]
-        peak = self.pre_max[a]
-        dtime = 0.0
-        for _, _, opt in new:
-            peak = max(peak, p + opt.backward_bytes)
-            p += opt.stored_bytes
-            dtime += opt.extra_time
-        delta = p - self.prefix[c]
-        peak = max(peak, self.suf_max[c] + delta, self.total + delta) + self.problem.base_bytes
-        for seg in self.segments[a:c]:
-            dtime -= seg.option.extra_time
-        return peak, self.time + dtime
-
-    def moves(self) -> Iterator[tuple[int, int, tuple[tuple[int, int, Option], ...]]]:
-        """Every (a, c, replacement) local move."""
-        options = self.problem.options
-        segs = self.segments
-        for k, seg in enumerate(segs):
-            for opt in options[seg.start, seg.stop]:
-                if opt != seg.option:
-                    yield k, k + 1, ((seg.start, seg.stop, opt),)
-            if k + 1 < len(segs):
-                merged = options.get((seg.start, segs[k + 1].stop), ())
-                for opt in merged:
-                    yield k, k + 2, ((seg.start, segs[k + 1].stop, opt),)
-            for m in range(seg.start + 1, seg.stop):
-                left, right = options.get((seg.start, m)), options.get((m, seg.stop))
-                if left and right:
-                    for o1 in left:
-                        for o2 in right:
-                            yield k, k + 1, ((seg.start, m, o1), (m, seg.stop, o2))
-
-    def apply(self, a: int, c: int, new) -> _State:
-        segs = self.segments[:a] + [Segment(s, e, o) for s, e, o in new] + self.segments[c:]
-        return _State(self.problem, segs)
+    def splits(self, x: int, y: int) -> tuple[np.ndarray, np.ndarray]:
+        """Flat indices (left, right) of every split of ``[x, y)`` into two allowed regions."""
+        cached = self._splits.get((x, y))
+        if cached is None:
+            left, right = [], []
+            options = self.problem.options
+            for m in range(x + 1, y):
+                if (x, m) in options and (m, y) in options:
+                    lo, ro = self.first[x, m], self.first[m, y]
+                    for a in range(len(options[x, m])):
+                        for c in range(len(options[m, y])):
+                            left.append(lo + a)
+                            right.append(ro + c)
+            cached = (np.array(left, dtype=np.int64), np.array(right, dtype=np.int64))
+            self._splits[x, y] = cached
+        return cached
 
 
-def _reduce_peak(state: _State, budget: int, max_steps: int) -> _State | None:
-    """Step 2: best bytes-saved per second-added moves until the plan fits, or None."""
-    for _ in range(max_steps):
-        if state.peak <= budget:
-            return state
-        best_key, best_move = None, None
-        for a, c, new in state.moves():
-            peak, new_time = state.price(a, c, new)
-            saved = state.peak - peak
-            if saved <= 0:
-                continue
-            added = new_time - state.time
-            key = (1, saved, -added) if added <= 0 else (0, saved / added, saved)
-            if best_key is None or key > best_key:
-                best_key, best_move = key, (a, c, new)
-        if best_move is None:
-            return None
-        state = state.apply(*best_move)
-    return state if state.peak <= budget else None
+class _Plan:
+    """A plan as flat option indices, with the arrays that price moves."""
+
+    def __init__(self, moves: _Moves, chosen: Sequence[int]):
+        self.moves = moves
+        self.chosen = list(chosen)
+        n = moves.problem.n_blocks
+        ch = np.array(self.chosen, dtype=np.int64)
+        k = len(ch)
+        self.prefix = np.concatenate([[0], np.cumsum(moves.s[ch])])
+        self.tprefix = np.concatenate([[0.0], np.cumsum(moves.t[ch])])
+        stages = self.prefix[:-1] + moves.b[ch]
+        self.pre_max = np.concatenate([[_NEG], np.maximum.accumulate(stages)])  # max stage before k
+        self.suf_max = np.concatenate([np.maximum.accumulate(stages[::-1])[::-1], [_NEG]])  # from k on
+        self.total = int(self.prefix[-1])
+        self.time = float(self.tprefix[-1])
+        self.peak = max(self.total, int(self.suf_max[0])) + moves.problem.base_bytes
+        self.boundary = np.zeros(n + 1, dtype=bool)
+        self.index_at = np.zeros(n + 1, dtype=np.int64)  # segment starting at p (k at p = n)
+        starts = moves.x[ch]
+        self.boundary[starts] = True
+        self.boundary[n] = True
+        self.index_at[starts] = np.arange(k)
+        self.index_at[n] = k
+
+    def price_regions(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(move, peak, time) of replacing the regions in [x, y) by a candidate region.
+
+        Only moves whose ``x`` and ``y`` are current boundaries are priced.
+        """
+        m = self.moves
+        move = np.nonzero(self.boundary[m.x] & self.boundary[m.y])[0]
+        a, c = self.index_at[m.x[move]], self.index_at[m.y[move]]
+        pa = self.prefix[a]
+        delta = m.s[move] - (self.prefix[c] - pa)
+        peak = np.maximum(
+            np.maximum(self.pre_max[a], pa + m.b[move]), np.maximum(self.suf_max[c], self.total) + delta
+        )
+        new_time = self.time + m.t[move] - (self.tprefix[c] - self.tprefix[a])
+        return move, peak + m.problem.base_bytes, new_time
+
+    def price_splits(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(segment, left, right, peak, time) of splitting each current region in two."""
+        m = self.moves
+        segs, lefts, rights = [], [], []
+        for k, f in enumerate(self.chosen):
+            x, y = int(m.x[f]), int(m.y[f])
+            if y - x > 1:
+                left, right = m.splits(x, y)
+                if left.size:
+                    segs.append(k)
+                    lefts.append(left)
+                    rights.append(right)
+        if not segs:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty, empty, empty, np.zeros(0)
+        seg = np.repeat(np.array(segs, dtype=np.int64), [len(v) for v in lefts])
+        left, right = np.concatenate(lefts), np.concatenate(rights)
+        pa = self.prefix[seg]
+        delta = m.s[left] + m.s[right] - (self.prefix[seg + 1] - pa)
+        peak = np.maximum(
+            np.maximum(np.maximum(self.pre_max[seg], pa + m.b[left]), pa + m.s[left] + m.b[right]),
+            np.maximum(self.suf_max[seg + 1], self.total) + delta,
+        )
+        new_time = self.time + m.t[left] + m.t[right] - (self.tprefix[seg + 1] - self.tprefix[seg])
+        return seg, left, right, peak + m.problem.base_bytes, new_time
+
+    def replace_region(self, f: int) -> _Plan:
+        m = self.moves
+        a, c = int(self.index_at[m.x[f]]), int(self.index_at[m.y[f]])
+        return _Plan(m, self.chosen[:a] + [f] + self.chosen[c:])
+
+    def split(self, k: int, left: int, right: int) -> _Plan:
+        return _Plan(self.moves, self.chosen[:k] + [left, right] + self.chosen[k + 1 :])
+
+    def segments(self) -> tuple[Segment, ...]:
+        m = self.moves
+        return tuple(Segment(int(m.x[f]), int(m.y[f]), m.opt[f]) for f in self.chosen)
 
 
-def _reduce_time(state: _State, budget: int, max_steps: int) -> _State:
-    """Step 4: the move saving the most time within budget, until none does."""
-    for _ in range(max_steps):
-        best_key, best_move = None, None
-        tol = 1e-12 * max(abs(state.time), 1e-9)
-        for a, c, new in state.moves():
-            peak, new_time = state.price(a, c, new)
-            if peak > budget or new_time >= state.time - tol:
-                continue
-            key = (new_time, peak)
-            if best_key is None or key < best_key:
-                best_key, best_move = key, (a, c, new)
-        if best_move is None:
-            return state
-        state = state.apply(*best_move)
-    return state
+def _pick_saving_memory(peak: np.ndarray, new_time: np.ndarray, plan: _Plan) -> int | None:
+    """Index of the move saving most bytes per second added (free moves first), or None."""
+    saved = plan.peak - peak
+    added = new_time - plan.time
+    ok = saved > 0
+    if not ok.any():
+        return None
+    free = ok & (added <= 0)
+    if free.any():
+        most = saved[free].max()
+        return int(np.argmin(np.where(free & (saved == most), added, np.inf)))
+    return int(np.argmax(np.where(ok, saved / np.where(ok, added, 1.0), -np.inf)))
+
+
+def _pick_saving_time(peak: np.ndarray, new_time: np.ndarray, plan: _Plan, budget: int) -> int | None:
+    """Index of the fitting move with the least time, if it beats the plan, or None."""
+    tol = 1e-12 * max(abs(plan.time), 1e-9)
+    ok = (peak <= budget) & (new_time < plan.time - tol)
+    if not ok.any():
+        return None
+    return int(np.argmin(np.where(ok, new_time, np.inf)))
+
+
+def _step(plan: _Plan, budget: int, reduce_memory: bool) -> _Plan | None:
+    """The plan after the best move, or None if no move helps."""
+    move, r_peak, r_time = plan.price_regions()
+    seg, left, right, s_peak, s_time = plan.price_splits()
+    peak = np.concatenate([r_peak, s_peak])
+    new_time = np.concatenate([r_time, s_time])
+    if reduce_memory:
+        best = _pick_saving_memory(peak, new_time, plan)
+    else:
+        best = _pick_saving_time(peak, new_time, plan, budget)
+    if best is None:
+        return None
+    if best < move.size:
+        return plan.replace_region(int(move[best]))
+    best -= move.size
+    return plan.split(int(seg[best]), int(left[best]), int(right[best]))
 
 
 def solve_greedy(
@@ -150,28 +212,44 @@ def solve_greedy(
     Args:
       problem: the chain.
       budget: bytes.
-      time_limit: ignored; the work is bounded by ``max_steps``.
-      max_steps: moves per phase (default ``20 * n_blocks``).
+      time_limit: seconds after which the search stops and returns what it has
+        (None: no limit; the work is bounded by ``max_steps`` anyway).
+      max_steps: moves per phase (default ``10 * n_blocks``).
 
     Returns:
       ``"feasible"`` with the gap to the fastest plan's time (a lower bound),
       ``"optimal"`` when the fastest plan fits, ``"infeasible"`` (with
       ``lowest_peak``) exactly when budget < lowest peak.
     """
-    del time_limit
     t0 = time.perf_counter()
     budget = check_budget(budget)
     if budget < lowest_peak(problem):
         return infeasible_result(problem, t0=t0, solver="greedy")
-    steps = max_steps if max_steps is not None else 20 * problem.n_blocks
+    deadline = t0 + time_limit if time_limit is not None else float("inf")
+    steps = max_steps if max_steps is not None else 10 * problem.n_blocks
+    moves = _Moves(problem)
+
+    def plan_of(segments: Sequence[Segment]) -> _Plan:
+        return _Plan(moves, [moves.first[s.start, s.stop] + problem.options[s.start, s.stop].index(s.option) for s in segments])
+
     fastest = min_time_segments(problem)
     lower = evaluate(problem, fastest)[1]
-    state = _reduce_peak(_State(problem, fastest), budget, steps)
-    if state is None:
-        state = _State(problem, lowest_peak_segments(problem))
-    state = _reduce_time(state, budget, steps)
-    _, extra = evaluate(problem, state.segments)
+    plan = plan_of(fastest)
+    for _ in range(steps):
+        if plan.peak <= budget or time.perf_counter() > deadline:
+            break
+        plan = _step(plan, budget, reduce_memory=True) or plan_of(lowest_peak_segments(problem))
+    if plan.peak > budget:
+        plan = plan_of(lowest_peak_segments(problem))
+    for _ in range(steps):
+        if time.perf_counter() > deadline:
+            break
+        better = _step(plan, budget, reduce_memory=False)
+        if better is None:
+            break
+        plan = better
+    _, extra = evaluate(problem, plan.segments())
     gap = relative_gap(extra, lower)
     return make_result(
-        problem, state.segments, status="optimal" if gap == 0.0 else "feasible", gap=gap, t0=t0, solver="greedy"
+        problem, plan.segments(), status="optimal" if gap == 0.0 else "feasible", gap=gap, t0=t0, solver="greedy"
     )

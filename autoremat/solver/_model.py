@@ -37,6 +37,11 @@ __all__ = ["Block", "ChainModel", "build_chain_model", "find_blocks", "crossing_
 DEFAULT_CAPS = (0.0, 0.1, 0.25, 0.4, 0.6, 0.8, 1.0)
 # Fraction of a region's forward + backward compute time that can hide host transfers.
 OFFLOAD_OVERLAP = 0.5
+# Equations that make a block worth being a block of its own.
+HEAVY_PRIMITIVES = frozenset({"dot_general", "conv_general_dilated", "scan", "while", "cond",
+                              "custom_vjp_call", "custom_jvp_call", "custom_vjp_call_jaxpr"})
+# A cut is kept if its crossing bytes are within this factor of the interior minimum.
+CUT_SLACK = 1.25
 # Backward workspace of a region, in units of its largest internal value (see build_chain_model).
 WORKSPACE_FACTOR = 2
 
@@ -106,6 +111,15 @@ def find_blocks(g: Graph, *, max_blocks: int = 160) -> tuple[Block, ...]:
         if cross[p] <= cross[p - 1] and cross[p] <= cross[p + 1]:
             cuts.add(p)
     cuts = sorted(c for c in cuts if 0 < c < n)
+    # Prefer cuts at the residual stream: crossing bytes close to the smallest crossing of a
+    # local minimum in the interior.  Cuts inside a layer (attention scores, MLP hidden)
+    # force large values to be saved as region inputs and keep XLA from fusing across them.
+    interior = [cross[c] for c in cuts if c not in forced and n // 10 <= c <= n - n // 10]
+    if interior:
+        floor = min(interior)
+        coarse = [c for c in cuts if c in forced or cross[c] <= CUT_SLACK * floor]
+        if len(coarse) >= min(4, len(cuts)):
+            cuts = coarse
     # Thin out cuts so that there are at most max_blocks blocks: keep forced cuts, then walk
     # left to right keeping a cut once the current block has at least min_ops equations.
     min_ops = max(1, math.ceil(n / max_blocks))
@@ -116,6 +130,17 @@ def find_blocks(g: Graph, *, max_blocks: int = 160) -> tuple[Block, ...]:
                 kept.append(c)
                 last = c
     bounds = [0] + kept + [n]
+    # Merge blocks with no heavy equation (layer norms, residual adds) into the next block:
+    # regions then start at the residual stream before a layer's first projection.
+    heavy = [op.primitive in HEAVY_PRIMITIVES or bool(op.bodies) for op in ops]
+    merged = [0]
+    for k in range(1, len(bounds) - 1):
+        a, b = merged[-1], bounds[k]
+        if any(heavy[a:b]) or bounds[k] in forced:
+            merged.append(bounds[k])
+    if len(merged) > 1 and not any(heavy[merged[-1]:n]) and merged[-1] not in forced:
+        merged.pop()  # a trailing light block (loss reduction) joins the one before
+    bounds = merged + [n]
     blocks = []
     for k in range(len(bounds) - 1):
         a, b = bounds[k], bounds[k + 1]
@@ -149,6 +174,48 @@ class ChainModel:
     base_bytes: int
     data: list[_BlockData] = field(repr=False, default_factory=list)
     scan_options: dict = field(repr=False, default_factory=dict)
+    none_scale: float = 1.0
+    raw_options: dict = field(repr=False, default_factory=dict)
+
+    @property
+    def raw_problem(self) -> ChainProblem:
+        """The chain problem with every option kept (dominated ones included), for baselines."""
+        return ChainProblem(self.problem.n_blocks, self.problem.base_bytes, self.raw_options,
+                            self.problem.block_names)
+
+    def option_kinds(self) -> list[str]:
+        """Names of the per-region option kinds (`none`, `ckpt:recompute`, `ckpt:save:dots`, ...)."""
+        names = []
+        for opts in self.raw_options.values():
+            for o in opts:
+                if o.name not in names:
+                    names.append(o.name)
+        return names
+
+    def uniform(self, kind: str, size: int = 1) -> tuple[Segment, ...] | None:
+        """Every `size` consecutive blocks one region with option `kind`; scan blocks get
+        the scan option of the same kind (`ckpt:save:dots` -> `scan:save:dots`).
+
+        This is how built-in policies applied per block are expressed in the same model
+        (`ckpt:recompute` ~ nothing_saveable, `ckpt:save:dots` ~ dots_saveable, `none` ~ no
+        remat).  Returns None if some region lacks that option.
+        """
+        segs, i, nb = [], 0, self.problem.n_blocks
+        scan_kind = kind.replace("ckpt:", "scan:", 1) if kind.startswith("ckpt:") else kind
+        while i < nb:
+            if self.blocks[i].kind == "scan":
+                j, want = i + 1, scan_kind
+            else:
+                j = i + 1
+                while j < min(nb, i + size) and self.blocks[j].kind != "scan":
+                    j += 1
+                want = kind
+            opt = next((o for o in self.raw_options.get((i, j), ()) if o.name == want), None)
+            if opt is None:
+                return None
+            segs.append(Segment(i, j, opt))
+            i = j
+        return tuple(segs)
 
     def to_plan(self, segments: Sequence[Segment], *, budget: int | None = None,
                 result: SolveResult | None = None, meta: dict | None = None) -> Plan:
@@ -331,8 +398,16 @@ def _solve_block_options(g, ops, produced, residuals, caps, method, time_limit):
 
 def build_chain_model(g: Graph, *, offload: bool = True, max_region_blocks: int | None = None,
                       caps: Sequence[float] = DEFAULT_CAPS, region_method: str = "cpsat",
-                      region_time_limit: float | None = 2.0, max_blocks: int = 160) -> ChainModel:
-    """Builds the chain problem of a graph (see the module docstring)."""
+                      region_time_limit: float | None = 2.0, max_blocks: int = 160,
+                      none_scale: float = 1.0) -> ChainModel:
+    """Builds the chain problem of a graph (see the module docstring).
+
+    Args:
+      none_scale: calibration of what un-checkpointed regions keep.  JAX's linearization
+        lists every residual, but XLA fuses cheap elementwise residuals into the backward
+        pass and never stores them; `optimize` measures the compiled un-optimized peak and
+        scales the stored bytes of un-checkpointed regions by the ratio it finds.
+    """
     blocks = find_blocks(g, max_blocks=max_blocks)
     cross = crossing_bytes(g)
     t = g.traced
@@ -348,12 +423,13 @@ def build_chain_model(g: Graph, *, offload: bool = True, max_region_blocks: int 
     options: dict[tuple[int, int], tuple[Option, ...]] = {}
     scan_options = {}
     closure_cache: dict = {}
+    raw_options: dict[tuple[int, int], tuple[Option, ...]] = {}
     nbytes = lambda vs: sum(g.values[v].nbytes for v in vs)  # noqa: E731
 
     for i in range(nb):
         if blocks[i].kind == "scan":
-            options[(i, i + 1)] = _scan_options(g, blocks[i], data[i], cross, caps, region_method,
-                                                region_time_limit, offload, host_bw)
+            options[(i, i + 1)] = raw_options[(i, i + 1)] = _scan_options(
+                g, blocks[i], data[i], cross, caps, region_method, region_time_limit, offload, host_bw, none_scale)
             continue
         res_union: set[str] = set()
         ext = 0
@@ -376,7 +452,7 @@ def build_chain_model(g: Graph, *, offload: bool = True, max_region_blocks: int 
             # of the largest internal value and of its producer's input (WORKSPACE_FACTOR).
             cot = cross[blocks[k].stop] + WORKSPACE_FACTOR * largest
             opts = []
-            stored_none = nbytes(res_union) + ext
+            stored_none = int(none_scale * (nbytes(res_union) + ext))
             opts.append(Option("none", stored_none, stored_none + cot, 0.0, 0.0, 0,
                                {"kind": "none"}))
             in_b = nbytes(inputs)
@@ -396,9 +472,10 @@ def build_chain_model(g: Graph, *, offload: bool = True, max_region_blocks: int 
                     exposed = max(0.0, 2 * s_b / host_bw - OFFLOAD_OVERLAP * 3 * fwd_time)
                     opts.append(Option(f"ckpt:{name}+offload", in_b, live_bwd, rtime + exposed, rflops, s_b,
                                        {"kind": "region", "saved": frozenset(), "offloaded": frozenset(saved)}))
+            raw_options[(i, j)] = tuple(opts)
             options[(i, j)] = _dedupe(opts)
     problem = ChainProblem(nb, int(base), options, tuple(f"{b.start}-{b.stop}" for b in blocks))
-    return ChainModel(g, blocks, problem, cross, int(base), data, scan_options)
+    return ChainModel(g, blocks, problem, cross, int(base), data, scan_options, none_scale, raw_options)
 
 
 def _dedupe(opts: list[Option]) -> tuple[Option, ...]:
@@ -432,7 +509,7 @@ def _region_recompute(g, blocks, data, i, j, oi, cache):
     return total_t, total_f
 
 
-def _scan_options(g, b, d, cross, caps, method, time_limit, offload, host_bw):
+def _scan_options(g, b, d, cross, caps, method, time_limit, offload, host_bw, none_scale=1.0):
     op = g.ops[b.ops[0]]
     body = op.bodies[0]
     length = int(op.params.get("length", 1))
@@ -442,7 +519,7 @@ def _scan_options(g, b, d, cross, caps, method, time_limit, offload, host_bw):
     cot = cross[b.stop] + WORKSPACE_FACTOR * body_largest
     opts = []
     # No remat: JAX's own residuals of the whole scan (stacked over iterations).
-    none_b = sum(g.values[v].nbytes for v in d.residuals) + d.extra_bytes
+    none_b = int(none_scale * (sum(g.values[v].nbytes for v in d.residuals) + d.extra_bytes))
     opts.append(Option("none", none_b, none_b + cot, 0.0, 0.0, 0, {"kind": "none"}))
     body_ops = list(body.ops.values())
     produced = frozenset(v for o in body_ops for v in o.outputs)
@@ -452,8 +529,9 @@ def _scan_options(g, b, d, cross, caps, method, time_limit, offload, host_bw):
     carry_ids = body.inputs[nconst:nconst + ncar]
     xs_ids = body.inputs[nconst + ncar:]
     # Per iteration, a checkpointed body keeps its carry and the slices it reads.
-    per_iter_in = sum(body.values[v].nbytes for v in carry_ids) + sum(body.values[v].nbytes for v in xs_ids
-                                                                       if body.values[v].differentiable)
+    # (The scanned-over slices are forwarded from the stacked inputs by JAX, not copied.)
+    del xs_ids
+    per_iter_in = sum(body.values[v].nbytes for v in carry_ids)
     full_body = sum(body.values[v].nbytes for v in residuals) + body_extra
     cands = _solve_block_options(body, body_ops, produced, residuals, caps, method, time_limit)
     body_time = sum(o.time for o in body_ops)

@@ -122,6 +122,11 @@ class RegionProblem:
             if unknown:
                 raise ValueError(f"RegionProblem: {name} names {unknown}, unknown to the region")
 
+    def __reduce__(self):
+        # The read-only mapping views do not pickle; rebuild from dicts.
+        fields = (self.value_bytes, self.producer, self.op_inputs, self.op_time, self.op_flops)
+        return (RegionProblem, (*map(dict, fields), self.needed, self.needed_ops, self.saveable))
+
     def can_save(self, value: str) -> bool:
         """Whether ``value`` may be saved."""
         return self.saveable is None or value in self.saveable

@@ -15,8 +15,8 @@ from autoremat.solver._greedy import solve_greedy
 __all__ = ["solve", "METHODS", "AUTO_CPSAT_MAX_BLOCKS", "AUTO_CPSAT_TIME_LIMIT"]
 
 METHODS = ("auto", "dp", "cpsat", "greedy", "brute_force")
-AUTO_CPSAT_MAX_BLOCKS = 40
-AUTO_CPSAT_TIME_LIMIT = 10.0
+AUTO_CPSAT_MAX_BLOCKS = 24
+AUTO_CPSAT_TIME_LIMIT = 2.0
 
 _SOLVERS = {"dp": solve_dp, "cpsat": solve_cpsat, "greedy": solve_greedy, "brute_force": solve_brute_force}
 
@@ -30,16 +30,40 @@ def _lower_bound(result: SolveResult) -> float:
     return result.objective - result.gap * abs(result.objective)
 
 
+def _auto(problem: ChainProblem, budget: int, time_limit: float | None, t0: float) -> SolveResult:
+    """DP, then greedy, then (small chains) CP-SAT from the best plan; the fastest plan wins."""
+    results = [solve_dp(problem, budget)]
+    if results[0].status in ("optimal", "infeasible"):
+        return results[0]
+    results.append(solve_greedy(problem, budget))
+    best = min(results, key=lambda r: (r.objective, r.peak_bytes))
+    if best.status != "optimal" and problem.n_blocks <= AUTO_CPSAT_MAX_BLOCKS:
+        limit = AUTO_CPSAT_TIME_LIMIT if time_limit is None else time_limit
+        results.append(solve_cpsat(problem, budget, time_limit=limit, hint=best.segments))
+    feasible = [r for r in results if r.feasible]
+    best = min(feasible, key=lambda r: (r.objective, r.peak_bytes))
+    gap = relative_gap(best.objective, max(_lower_bound(r) for r in feasible))
+    return SolveResult(
+        "optimal" if gap == 0.0 else "feasible",
+        best.segments,
+        best.objective,
+        best.peak_bytes,
+        gap,
+        time.perf_counter() - t0,
+        f"auto/{best.solver}",
+    )
+
+
 def solve(problem: ChainProblem, budget: int, *, method: str = "auto", time_limit: float | None = None) -> SolveResult:
     """Least extra time with peak <= budget.
 
     Args:
       problem: the chain.
       budget: bytes (see ``parse_budget`` for ``"8GB"``-style budgets).
-      method: ``"auto"`` (DP; then, for at most ``AUTO_CPSAT_MAX_BLOCKS`` blocks
-        and unless the DP proved optimality, CP-SAT warm-started from the DP plan,
-        keeping the faster plan), ``"dp"``, ``"cpsat"``, ``"greedy"`` or
-        ``"brute_force"``.
+      method: ``"auto"`` (DP; unless it proved optimality, greedy too; then,
+        for at most ``AUTO_CPSAT_MAX_BLOCKS`` blocks, CP-SAT warm-started from
+        the faster plan; the fastest plan wins and the gap uses the best bound),
+        ``"dp"``, ``"cpsat"``, ``"greedy"`` or ``"brute_force"``.
       time_limit: seconds for CP-SAT; for ``"auto"`` None means
         ``AUTO_CPSAT_TIME_LIMIT``.
 
@@ -56,22 +80,7 @@ def solve(problem: ChainProblem, budget: int, *, method: str = "auto", time_limi
     budget = check_budget(budget)
     t0 = time.perf_counter()
     if method == "auto":
-        result = solve_dp(problem, budget)
-        if result.feasible and result.status != "optimal" and problem.n_blocks <= AUTO_CPSAT_MAX_BLOCKS:
-            limit = AUTO_CPSAT_TIME_LIMIT if time_limit is None else time_limit
-            exact = solve_cpsat(problem, budget, time_limit=limit, hint=result.segments)
-            candidates = [r for r in (result, exact) if r.feasible]
-            best = min(candidates, key=lambda r: (r.objective, r.peak_bytes))
-            gap = relative_gap(best.objective, max(_lower_bound(r) for r in candidates))
-            result = SolveResult(
-                "optimal" if gap == 0.0 else "feasible",
-                best.segments,
-                best.objective,
-                best.peak_bytes,
-                gap,
-                time.perf_counter() - t0,
-                f"dp+cpsat ({best.solver})",
-            )
+        result = _auto(problem, budget, time_limit, t0)
     else:
         result = _SOLVERS[method](problem, budget, time_limit=time_limit)
     if result.status == "infeasible":
