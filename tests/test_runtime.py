@@ -14,6 +14,7 @@ equation's inlined length gives the block's equation range.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
@@ -89,6 +90,16 @@ def compile_step(f, args):
     return compiled(*args), peak
 
 
+@contextlib.contextmanager
+def remat3_flag(value: bool):
+    old = jax.config.jax_remat3
+    jax.config.update("jax_remat3", value)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_remat3", old)
+
+
 def _n_flat(eqn) -> int:
     """How many equations `eqn` becomes in the inlined (flat) jaxpr."""
     if eqn.primitive.name in INLINE_PRIMITIVES:
@@ -101,9 +112,11 @@ def block_ranges(fn, fn_per_block_remat, args) -> list[tuple[int, int]]:
 
     `fn_per_block_remat` is the same function with each block in a `jax.checkpoint`.
     """
-    flat = trace(fn, args)
-    nested = trace(fn_per_block_remat, args, inline=False)
-    assert trace(fn_per_block_remat, args).fingerprint == flat.fingerprint
+    # Under jax_remat3 a user checkpoint is a `call_hi_primitive` that `trace` does not inline.
+    with remat3_flag(False):
+        flat = trace(fn, args)
+        nested = trace(fn_per_block_remat, args, inline=False)
+        assert trace(fn_per_block_remat, args).fingerprint == flat.fingerprint
     ranges, pos = [], 0
     for eqn in nested.jaxpr.eqns:
         n = _n_flat(eqn)
@@ -320,29 +333,60 @@ def _host_puts(f, args):
     return puts, host_residuals
 
 
+def _residuals(f, params, batch):
+    """(shape, dtype, in host memory?, autoremat name or None) of each residual, sorted."""
+    out = []
+    for aval, desc in saved_residuals(lambda p: f(p, batch), params):
+        name = desc.split("'")[1] if desc.startswith("named 'autoremat:") else None
+        out.append((aval.shape, str(aval.dtype), getattr(aval, "memory_space", None) == jax.memory.Space.Host, name))
+    return sorted(out, key=str)
+
+
 @pytest.mark.parametrize("name", BLOCK_MODELS)
 def test_offload_plan_puts_residuals_in_host_memory(name):
+    """The offload plan keeps on the host exactly what the dots plan keeps on the device.
+
+    The check is on the linearized jaxpr (`device_put` to `MemorySpace.Host`, residual avals
+    in host memory): XLA:CPU compiles the transfers away (no `S(5)` in its HLO).
+    """
     ex, t, blocks, _, _ = model(name)
-    plan = block_plans(t, blocks)["offload"]
-    n_offloaded = sum(len(r.offloaded) for r in plan.regions)
-    puts, host_residuals = _host_puts(apply(ex.fn, plan), ex.args)
-    assert len(puts) == n_offloaded
-    assert len(host_residuals) == n_offloaded
-    # Only the offload plan moves anything to the host.
-    assert _host_puts(apply(ex.fn, block_plans(t, blocks)["dots"]), ex.args) == ([], [])
-    # What the compiled program reports (XLA:CPU ignores memory spaces; GPU/TPU use S(5)).
-    hlo = jax.jit(jax.value_and_grad(apply(ex.fn, plan))).lower(*ex.args).compile().as_text()
+    plans = block_plans(t, blocks)
+    offload, dots = apply(ex.fn, plans["offload"]), apply(ex.fn, plans["dots"])
+    puts, host_residuals = _host_puts(offload, ex.args)
+    saved = _residuals(dots, *ex.args)
+    named = [(shape, dtype) for shape, dtype, _, n in saved if n]
+    # Values a region offloads but its backward never reads (a block's last projection, added
+    # into the block output) are neither saved nor offloaded.
+    assert 0 < len(named) <= sum(len(r.offloaded) for r in plans["offload"].regions)
+    assert len(puts) == len(host_residuals) == len(named)
+    offloaded = _residuals(offload, *ex.args)
+    assert sorted((s, d) for s, d, host, _ in offloaded if host) == sorted(named)
+    assert [r[:2] for r in offloaded if not r[2]] == [r[:2] for r in saved if not r[3]]
+    assert _host_puts(dots, ex.args) == ([], [])
     if jax.default_backend() != "cpu":
+        hlo = jax.jit(jax.value_and_grad(offload)).lower(*ex.args).compile().as_text()
         assert "S(5)" in hlo
+
+
+def test_offload_under_remat3(remat3):
+    """Offload survives jax_remat3 only where JAX supports it (gradients are checked above)."""
+    fn, args, plan = mixed_mlp(False)
+    puts, host_residuals = _host_puts(apply(fn, plan), args)
+    if remat3 and not puts:
+        # jax 0.10.2: under jax_remat3 `CheckpointName.remat` only understands
+        # save_only_these_names / save_any_names_but_these; the closure that
+        # save_and_offload_only_these_names returns makes it recompute everything in the region.
+        pytest.xfail("jax_remat3 ignores save_and_offload_only_these_names (recomputes instead)")
+    assert len(puts) == len(host_residuals) == 1  # the one offloaded layer's dot
 
 
 def test_scan_offload_plan_puts_residuals_in_host_memory():
     ex, t, _, _, _ = model("transformer_scan")
-    plan = scan_plans(t)["scan offload"]
-    puts, host_residuals = _host_puts(apply(ex.fn, plan), ex.args)
-    assert len(puts) == 8  # inside the linearized scan body, once per offloaded body value
-    assert len(host_residuals) == 8  # stacked over the layers
-    assert all(v.aval.shape[0] == SIZES["transformer_scan"]["n_layers"] for v in host_residuals)
+    puts, host_residuals = _host_puts(apply(ex.fn, scan_plans(t)["scan offload"]), ex.args)
+    assert 0 < len(puts) <= 8  # in the linearized scan body, one per offloaded value it reads
+    assert len(host_residuals) == len(puts)
+    assert all(v.aval.shape[0] == SIZES["transformer_scan"]["n_layers"] for v in host_residuals)  # stacked
+    assert _host_puts(apply(ex.fn, scan_plans(t)["scan dots"]), ex.args) == ([], [])
 
 
 # ---------------------------------------------------------------------------
@@ -352,12 +396,8 @@ def test_scan_offload_plan_puts_residuals_in_host_memory():
 
 @pytest.fixture(params=[False, True], ids=["remat3_off", "remat3_on"])
 def remat3(request):
-    old = jax.config.jax_remat3
-    jax.config.update("jax_remat3", request.param)
-    try:
+    with remat3_flag(request.param):
         yield request.param
-    finally:
-        jax.config.update("jax_remat3", old)
 
 
 def _mixed_mlp_plan(fn, fn_remat, args):
@@ -375,36 +415,57 @@ def _mixed_mlp_plan(fn, fn_remat, args):
 SMALL_MLP = dict(n_layers=5, width=32, batch=8)
 
 
+@functools.cache
+def mixed_mlp(per_example: bool):
+    """(loss, args, plan) of a small MLP, or of its per-example loss `(params, x, y)`.
+
+    Built with jax_remat3 off: the factory's per-block `jax.checkpoint` (used only to find
+    the blocks) is created under the flag's value at decoration time.
+    """
+    with remat3_flag(False):
+        ex = examples.get_example("mlp_chain", **SMALL_MLP)
+        remat = examples.get_example("mlp_chain", policy=CP.nothing_saveable, **SMALL_MLP)
+        params, batch = ex.args
+        if not per_example:
+            return ex.fn, ex.args, _mixed_mlp_plan(ex.fn, remat.fn, ex.args)
+
+        def per_ex(fn):
+            return lambda p, x, y: fn(p, {"x": x[None], "y": y[None]})
+
+        one = (params, batch["x"][0], batch["y"][0])
+        loss = per_ex(ex.fn)
+        return loss, (params, batch["x"], batch["y"]), _mixed_mlp_plan(loss, per_ex(remat.fn), one)
+
+
 def test_transformations_give_the_original_gradients(remat3):
-    ex = examples.get_example("mlp_chain", **SMALL_MLP)
-    remat = examples.get_example("mlp_chain", policy=CP.nothing_saveable, **SMALL_MLP)
-    params, batch = ex.args
-    f = apply(ex.fn, _mixed_mlp_plan(ex.fn, remat.fn, ex.args))
-    value, grads = jax.value_and_grad(ex.fn)(*ex.args)
-    assert_trees_close(f(*ex.args), value)
-    assert_trees_close(jax.jit(f)(*ex.args), value)
-    assert_trees_close(jax.grad(f)(*ex.args), grads)
-    assert_trees_close(jax.jit(jax.grad(f))(*ex.args), grads)
-    assert_trees_close(jax.value_and_grad(f)(*ex.args), (value, grads))
-    assert_trees_close(jax.jit(jax.value_and_grad(f))(*ex.args), (value, grads))
+    fn, args, plan = mixed_mlp(False)
+    f = apply(fn, plan)
+    value, grads = jax.value_and_grad(fn)(*args)
+    assert_trees_close(f(*args), value)
+    assert_trees_close(jax.jit(f)(*args), value)
+    assert_trees_close(jax.grad(f)(*args), grads)
+    assert_trees_close(jax.jit(jax.grad(f))(*args), grads)
+    assert_trees_close(jax.value_and_grad(f)(*args), (value, grads))
+    assert_trees_close(jax.jit(jax.value_and_grad(f))(*args), (value, grads))
 
 
 def test_vmap_over_per_example_loss(remat3):
-    ex = examples.get_example("mlp_chain", **SMALL_MLP)
-    remat = examples.get_example("mlp_chain", policy=CP.nothing_saveable, **SMALL_MLP)
-    params, batch = ex.args
-
-    def per_example(fn):
-        return lambda p, x, y: fn(p, {"x": x[None], "y": y[None]})
-
-    loss, loss_remat = per_example(ex.fn), per_example(remat.fn)
-    one = (params, batch["x"][0], batch["y"][0])
-    f = apply(loss, _mixed_mlp_plan(loss, loss_remat, one))
-    per_ex_grads = jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))(params, batch["x"], batch["y"])
-    got = jax.vmap(jax.grad(f), in_axes=(None, 0, 0))(params, batch["x"], batch["y"])
-    assert_trees_close(got, per_ex_grads)
-    got = jax.jit(jax.vmap(jax.value_and_grad(f), in_axes=(None, 0, 0)))(params, batch["x"], batch["y"])
-    assert_trees_close(got, jax.vmap(jax.value_and_grad(loss), in_axes=(None, 0, 0))(params, batch["x"], batch["y"]))
+    loss, args, plan = mixed_mlp(True)
+    f = apply(loss, plan)
+    per_ex = (None, 0, 0)
+    try:
+        batched = jax.vmap(f, in_axes=per_ex)(*args)
+    except NotImplementedError as e:
+        # jax 0.10.2: under jax_remat3 `checkpoint_name` is a `CheckpointName` hi-primitive
+        # without a batching rule, so any name-based checkpoint fails under vmap (plain JAX
+        # too: vmap(grad(checkpoint(lambda y: checkpoint_name(y, 'a'), policy=...)))).
+        if remat3 and "CheckpointName" in str(e):
+            pytest.xfail(f"JAX cannot vmap checkpoint_name under jax_remat3: {e}")
+        raise
+    assert_trees_close(batched, jax.vmap(loss, in_axes=per_ex)(*args))
+    expected = jax.vmap(jax.value_and_grad(loss), in_axes=per_ex)(*args)
+    assert_trees_close(jax.vmap(jax.grad(f), in_axes=per_ex)(*args), expected[1])
+    assert_trees_close(jax.jit(jax.vmap(jax.value_and_grad(f), in_axes=per_ex))(*args), expected)
 
 
 def test_scan_plan_under_remat3(remat3):

@@ -300,9 +300,9 @@ def _tables(problem: ChainProblem) -> tuple[_ByStop, ...]:
     return tables
 
 
-def _backtrack(problem: ChainProblem, choice: Sequence[int], tables=None) -> tuple[Segment, ...]:
+def _backtrack(problem: ChainProblem, choice: Sequence[int]) -> tuple[Segment, ...]:
     """Segments from ``choice[i]`` = index of the candidate ending at ``i`` (stateless DPs)."""
-    tables = tables or _tables(problem)
+    tables = _tables(problem)
     segments = []
     i = problem.n_blocks
     while i > 0:

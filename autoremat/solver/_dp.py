@@ -7,13 +7,21 @@ storing ``P`` is a dynamic program over the chain (as in Rotor, Beaumont et al.
 2019, whose DP is over memory too). ``P`` is discretized into buckets of
 ``unit`` bytes:
 
-- *conservative* pass: stored bytes rounded **up** to whole units, so every
-  plan the DP accepts is truly within budget (``P <= q * unit``);
-- *relaxed* pass: stored bytes rounded **down**, so every truly feasible plan
-  passes and its optimum is a lower bound.
+- *planning* pass: each stored size is rounded to the nearest unit to pick
+  the bucket, but every state also carries its exact prefix, and the stage
+  and forward checks use the exact bytes, so every plan found truly fits.
+  Within a bucket the fastest state wins (ties: the smaller exact prefix);
+  that merge is the only approximation;
+- *bounding* pass: stored sizes rounded **down** and checks made on
+  ``bucket * unit``, a relaxation that every truly feasible plan passes, so
+  its optimum is a lower bound.
 
-The gap between the two is the reported ``gap``; when ``unit`` divides every
-stored size (e.g. the gcd is coarse enough) both agree and the result is optimal.
+The relative difference is the reported ``gap``. When ``unit`` divides every
+stored size (e.g. the gcd of the sizes is coarse enough) the planning pass is
+the exact DP and the result is optimal. The error grows with the number of
+regions in the plan (each may lose up to a bucket), so for very long chains
+raise ``buckets`` or compare with ``solve_greedy`` (``solve(method="auto")``
+runs both).
 Each step is vectorized with numpy over the bucket axis and all candidate
 (region, option) pairs ending at the same position.
 """
@@ -184,12 +192,13 @@ def solve_dp(
     plan = _plan_pass(problem, cap, unit)
     lower = -math.inf if exact else _bound_pass(problem, cap, unit)
 
-    # The lowest-peak plan always fits here; the fastest plan may. Keep the best.
-    candidates = [p for p in (plan, lowest_peak_segments(problem), min_time_segments(problem)) if p]
-    scored = [(evaluate(problem, p), p) for p in candidates]
-    (peak, extra), best = min(
-        (s for s in scored if s[0][0] <= budget), key=lambda s: (s[0][1], s[0][0])
-    )
-    del peak
+    # The lowest-peak plan always fits here; the fastest plan may. Keep the fastest that fits.
+    fitting = []
+    for segments in (plan, lowest_peak_segments(problem), min_time_segments(problem)):
+        if segments:
+            peak, extra = evaluate(problem, segments)
+            if peak <= budget:
+                fitting.append((extra, peak, segments))
+    extra, _, best = min(fitting, key=lambda f: f[:2])
     gap = 0.0 if exact else relative_gap(extra, lower)
     return make_result(problem, best, status="optimal" if gap == 0.0 else "feasible", gap=gap, t0=t0, solver="dp")

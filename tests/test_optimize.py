@@ -1,0 +1,146 @@
+"""The product contract of `autoremat.optimize` (DESIGN.md section 1)."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import autoremat
+from autoremat import _optimize
+from autoremat.runtime import compiled_stats
+from autoremat.solver import _model
+
+
+def _mlp(n=6, width=64, hidden=256, batch=1024):
+    def loss(ws, x):
+        for w1, w2 in ws:
+            x = x + jnp.tanh(x @ w1) @ w2
+        return jnp.mean(x ** 2)
+
+    keys = jax.random.split(jax.random.key(0), 2 * n)
+    ws = [(jax.random.normal(keys[2 * i], (width, hidden)) * 0.05,
+           jax.random.normal(keys[2 * i + 1], (hidden, width)) * 0.05) for i in range(n)]
+    return loss, ws, jnp.ones((batch, width))
+
+
+def _max_rel(a, b):
+    return max(float(jnp.max(jnp.abs(x - y)) / (jnp.max(jnp.abs(x)) + 1e-30))
+               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    loss, ws, x = _mlp()
+    base = compiled_stats(loss, ws, x).peak_bytes
+    return loss, ws, x, base
+
+
+@pytest.mark.parametrize("frac", [0.85, 0.7])
+def test_optimized_fits_and_matches_gradients(mlp, frac):
+    loss, ws, x, base = mlp
+    opt = autoremat.optimize(loss, budget=frac)
+    v1, g1 = jax.value_and_grad(loss)(ws, x)
+    v2, g2 = jax.value_and_grad(opt)(ws, x)
+    assert float(v1) == pytest.approx(float(v2), rel=1e-6)
+    assert _max_rel(g1, g2) <= 1e-6
+    plan = opt.plan(ws, x)
+    report = opt.validate(ws, x)
+    assert report.fits
+    assert report.compiled_peak <= int(frac * base)
+    assert report.compiled_peak < base
+    assert plan.meta["compiled_peak"] == report.compiled_peak
+
+
+def test_byte_budget_string(mlp):
+    loss, ws, x, base = mlp
+    budget = f"{(0.8 * base) / 2**20:.3f}MiB"
+    opt = autoremat.optimize(loss, budget=budget)
+    assert opt.validate(ws, x).compiled_peak <= autoremat.parse_budget(budget)
+
+
+def test_budget_above_unoptimized_peak_needs_no_remat(mlp):
+    loss, ws, x, base = mlp
+    plan = autoremat.optimize(loss, budget=base + 1).plan(ws, x)
+    assert plan.regions == () and plan.scans == ()
+    assert plan.estimated_extra_time == 0.0
+
+
+def test_plans_once_per_signature_and_works_under_jit_and_vmap(mlp, monkeypatch):
+    loss, ws, x, _ = mlp
+    calls = []
+    real = _optimize.plan_for
+
+    def counting(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(_optimize, "plan_for", counting)
+    opt = autoremat.optimize(loss, budget=0.85)
+    g_ref = jax.grad(loss)(ws, x)
+    g_jit = jax.jit(jax.grad(opt))(ws, x)
+    g_grad = jax.grad(opt)(ws, x)
+    # Compare like with like: under jit XLA fuses both programs the same way.
+    assert _max_rel(jax.jit(jax.grad(loss))(ws, x), g_jit) <= 1e-6
+    assert _max_rel(g_ref, g_grad) <= 1e-6
+    assert len(calls) == 1  # the same shapes: planned once
+    # vmap over a batch of inputs: the per-example signature is planned once more.
+    xs = jnp.stack([x, 2 * x])
+    per_example = jax.vmap(lambda xi: jax.grad(opt)(ws, xi))(xs)
+    expected = jax.vmap(lambda xi: jax.grad(loss)(ws, xi))(xs)
+    assert _max_rel(expected, per_example) <= 1e-6
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("budget, match", [
+    ("8 parsecs", "budget"),
+    (-5, "budget"),
+    (1.5, r"fraction in \(0, 1\]"),
+    (None, "needs a budget"),
+])
+def test_malformed_budgets(mlp, budget, match):
+    loss, ws, x, _ = mlp
+    with pytest.raises(autoremat.BudgetError, match=match):
+        autoremat.optimize(loss, budget=budget).plan(ws, x)
+
+
+def test_unreachable_budget_names_the_lowest_peak(mlp):
+    loss, ws, x, base = mlp
+    with pytest.raises(autoremat.InfeasibleBudgetError, match=r"lowest .*peak.* (KiB|MiB)") as err:
+        autoremat.optimize(loss, budget="100KiB").plan(ws, x)
+    assert err.value.budget == 100 * 1024
+    assert 100 * 1024 < err.value.lowest <= base
+
+
+def test_effects_are_refused():
+    def loss(w, x):
+        jax.debug.print("w {}", w.sum())
+        return jnp.sum(jnp.tanh(x @ w))
+
+    with pytest.raises(autoremat.UnsupportedFunctionError, match="side effects"):
+        autoremat.optimize(loss, budget=0.5).plan(jnp.ones((4, 4)), jnp.ones((2, 4)))
+
+
+def test_validate_false_warns_loudly(mlp):
+    loss, ws, x, _ = mlp
+    with pytest.warns(UserWarning, match="NOT compiled"):
+        autoremat.optimize(loss, budget=0.7, validate=False).plan(ws, x)
+
+
+def test_compile_and_correct_loop_when_the_model_is_off(mlp, monkeypatch):
+    """With the backward workspace dropped and no calibration, the model under-predicts;
+    optimize must notice it by compiling and still return a plan that fits."""
+    loss, ws, x, base = mlp
+    monkeypatch.setattr(_model, "WORKSPACE_FACTOR", 0)
+    budget = int(0.7 * base)
+    planned = _optimize.plan_for(loss, budget, (ws, x))
+    history = planned.history
+    assert history and history[0]["compiled"] > history[0]["predicted"]  # the first model was off
+    assert planned.plan.meta["compiled_peak"] <= budget
+    g = jax.grad(autoremat.apply(loss, planned.plan))(ws, x)
+    assert _max_rel(jax.grad(loss)(ws, x), g) <= 1e-6
+
+
+def test_report_is_readable(mlp):
+    loss, ws, x, _ = mlp
+    text = autoremat.optimize(loss, budget=0.8).report(ws, x)
+    for word in ("compiled peak", "budget", "totals", "recompute"):
+        assert word in text
