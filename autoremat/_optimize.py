@@ -202,10 +202,10 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
         if peak <= budget_bytes:
             say(f"uniform {kind} over {size} block(s): compiled {format_bytes(peak)} fits")
             return accept(segs, None, f"uniform {kind} x{size}")
-    lowest = min(tried.values()) if tried else None
-    if lowest is None:
-        low = lowest_peak_segments(model.problem)
-        lowest = compile_peak(low)
+    low = lowest_peak_segments(model.problem)
+    if compile_peak(low) <= budget_bytes:
+        return accept(low, None, "lowest predicted peak")
+    lowest = min(tried.values())
     raise InfeasibleBudgetError(
         f"budget {format_bytes(budget_bytes)} is below what autoremat could reach for {meta['function']}: the "
         f"lowest compiled peak it found is {format_bytes(lowest)}; raise the budget to at least "

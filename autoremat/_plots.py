@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from autoremat._errors import AutorematError
 
-__all__ = ["ParetoPoint", "timeline_steps", "memory_timeline", "pareto_plot"]
+__all__ = ["ParetoPoint", "chain_problem", "timeline_steps", "memory_timeline", "pareto_plot"]
 
 _MIB = 2**20
 
@@ -90,6 +90,15 @@ def timeline_steps(problem, segments) -> tuple[list[float], list[int]]:
     return xs, ys
 
 
+def chain_problem(model):
+    """The problem a model's plans are evaluated on: all options before dominance pruning
+    (`raw_problem`, which compile-verified fallback plans draw from) when the model has them.
+    A `ChainProblem` is returned as is."""
+    if getattr(model, "raw_options", None):
+        return model.raw_problem
+    return getattr(model, "problem", model)
+
+
 def _no_remat_segments(problem):
     from autoremat.solver._chain import Segment
 
@@ -108,7 +117,7 @@ def memory_timeline(model, segments, *, budget: int | None = None, baseline_segm
     """Draws the predicted memory over forward and backward, the plan against no remat.
 
     Args:
-      model: a `ChainModel` (or anything with a `.problem` `ChainProblem`).
+      model: a `ChainModel` (its options before pruning, if it has them), or a `ChainProblem`.
       segments: the plan's segments (regions with their options).
       budget: bytes; drawn as a horizontal line.
       baseline_segments: the curve to compare with (default: no remat, every block `none`).
@@ -120,7 +129,7 @@ def memory_timeline(model, segments, *, budget: int | None = None, baseline_segm
     """
     from autoremat.solver._chain import evaluate
 
-    problem = getattr(model, "problem", model)
+    problem = chain_problem(model)
     if baseline_segments is None:
         baseline_segments = _no_remat_segments(problem)
     n = problem.n_blocks

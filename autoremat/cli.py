@@ -309,9 +309,10 @@ def plan_segments(model, plan):
     Blocks outside every region are grouped into the longest allowed `none` regions (the plan
     does not record the solver's grouping, so the predicted peak may differ slightly).
     """
+    from autoremat._plots import chain_problem
     from autoremat.solver._chain import Segment
 
-    problem = model.problem
+    problem = chain_problem(model)
     start_of = {b.start: b.index for b in model.blocks}
     stop_of = {b.stop: b.index + 1 for b in model.blocks}
     scan_block = {b.ops[0]: b.index for b in model.blocks if b.kind == "scan"}
@@ -363,12 +364,18 @@ def baseline_segments(model, option: str | None):
 
     `option` is a block option kind (`"recompute"` = `nothing_saveable`, `"save:dots"` =
     `dots_saveable`), named `ckpt:<kind>` on ordinary blocks and `scan:<kind>` on scan blocks.
-    The model drops options dominated by another; such a block uses the option with the same
-    saved set, else the one with the least memory.  Returns `(segments, substituted blocks)`.
+    Segments refer to `chain_problem(model)` (all options, before dominance pruning).  On a
+    model without those, a block whose option was pruned uses the option with the same saved
+    set, else the one with the least memory.  Returns `(segments, substituted blocks)`.
     """
+    from autoremat._plots import chain_problem
     from autoremat.solver._chain import Segment
 
-    problem = model.problem
+    if hasattr(model, "uniform"):
+        segs = model.uniform("none" if option is None else "ckpt:" + option, 1)
+        if segs is not None:
+            return segs, 0
+    problem = chain_problem(model)
     segs, substituted = [], 0
     for b in model.blocks:
         i = b.index
@@ -508,10 +515,13 @@ def _search(spec, sets, budget, output, *, device=None, offload=None, solver="au
     if timeline:
         from autoremat._plots import memory_timeline
 
-        segs = getattr(planned, "segments", None) or plan_segments(planned.model, planned.plan)
-        memory_timeline(planned.model, segs, budget=planned.plan.budget, path=timeline,
-                        title=f"autoremat: predicted memory of {m.name}")
-        say(f"wrote {timeline}")
+        try:
+            segs = getattr(planned, "segments", None) or plan_segments(planned.model, planned.plan)
+            memory_timeline(planned.model, segs, budget=planned.plan.budget, path=timeline,
+                            title=f"autoremat: predicted memory of {m.name}")
+            say(f"wrote {timeline}")
+        except AutorematError as e:  # the plan is written; a missing picture is not fatal
+            click.echo(f"{_PROG}: warning: no timeline drawn: {e}", err=True)
     click.echo(planned.plan.summary())
     click.echo("")
     for line in _validation_lines(planned):
@@ -584,7 +594,7 @@ def frontier(model, example, sets, budgets, output, measure, device, offload, so
     import jax
 
     from autoremat._optimize import _abstract, plan_for
-    from autoremat._plots import ParetoPoint, pareto_plot
+    from autoremat._plots import ParetoPoint, chain_problem, pareto_plot
     from autoremat.graph._graph import graph_from_traced
     from autoremat.graph._profiles import detect_profile, get_profile
     from autoremat.graph._trace import trace
@@ -625,7 +635,7 @@ def frontier(model, example, sets, budgets, output, measure, device, offload, so
     none_time = None
     for label, option in BASELINES:
         segs, substituted = baseline_segments(chain, option)
-        predicted, extra = evaluate(chain.problem, segs)
+        predicted, extra = evaluate(chain_problem(chain), segs)
         peak, step = predicted, None
         if option is None and none_peak is not None and not measure:
             peak = none_peak
@@ -711,12 +721,12 @@ def _markdown(rows, *, validate: bool, none_time) -> str:
               help="Where to write the demo plan.")
 @click.option("--budget", "-b", default=DEMO_BUDGET, show_default=True, callback=_budget_option,
               help="Budget for the demo search.")
-@click.option("--example", default="transformer", show_default=True, metavar="NAME",
+@click.option("--example", default="transformer_scan", show_default=True, metavar="NAME",
               help="Built-in example to plan.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Knobs of the example (repeatable).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 def demo(output, budget, example, sets, quiet):
-    """Plan the built-in small transformer for 60% of its memory and validate it (under a minute)."""
+    """Plan the built-in scan-over-layers transformer for 60% of its memory and validate it."""
     from autoremat.examples import get_example
 
     ex = get_example(example, **_parse_sets(sets))

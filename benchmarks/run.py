@@ -29,6 +29,7 @@ import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
+import re  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -147,6 +148,10 @@ def plan_recompute_flops(segments) -> float:
 
 def segments_of(model, plan):
     """The chain segments behind an autoremat plan, if they can be recovered (for FLOPs)."""
+    how = str(plan.meta.get("found_by", ""))
+    m = re.fullmatch(r"uniform (\S+) x(\d+)", how)
+    if m:  # plan_for's compile-verified fallback: model.uniform(kind, size)
+        return model.uniform(m.group(1), int(m.group(2)))
     try:
         from autoremat.cli import plan_segments
 
@@ -231,12 +236,13 @@ def run_model(name: str, size: str, quick: bool, n_steps: int, offload: bool, ba
     budgets: list[tuple[int, str]] = []
 
     def add_budget(b: int, label: str) -> bool:
-        if b >= none_peak or any(abs(b - x) <= BUDGET_DEDUP * x for x, _ in budgets):
+        # A budget at most BUDGET_DEDUP below b already answers b (its plan fits b too).
+        if b >= none_peak or any(b * (1 - BUDGET_DEDUP) <= x <= b for x, _ in budgets):
             return False
         budgets.append((b, label))
         return True
 
-    for p in points:
+    for p in sorted(points, key=lambda p: p.get("peak_bytes") or 0):
         if p["status"] == "ok" and p["kind"] != "none":
             add_budget(p["peak_bytes"], f"={p['method']}")
     by_budget: dict[int, dict] = {}
@@ -368,9 +374,13 @@ def headline(models: list[dict]) -> list[dict]:
             if same is None or same.get("status") != "ok":
                 cands = [a for a in auto if a.get("status") == "ok" and a["peak_bytes"] <= b["peak_bytes"]]
                 if cands:
-                    best = min(cands, key=lambda a: a["step_time"])
-                    how = f"best autoremat point with peak <= baseline ({best['budget_label']})"
-                    same = best if same is None or same.get("status") != "ok" else same
+                    same = min(cands, key=lambda a: a["step_time"])
+                    how = f"best autoremat point with peak <= baseline ({same['budget_label']})"
+                elif same is None:
+                    # A budget at or above this peak that autoremat could not reach proves it cannot.
+                    same = next((a for a in sorted(auto, key=lambda a: a["budget_bytes"])
+                                 if a.get("status") == "infeasible" and a["budget_bytes"] >= b["peak_bytes"]), None)
+                    how = "an infeasible budget at or above this peak"
             rows.append({"model": m["model"], "none_peak": none["peak_bytes"], "none_step_time": none["step_time"],
                          "baseline": b["method"], "baseline_peak": b["peak_bytes"],
                          "baseline_step_time": b["step_time"], "baseline_extra_flops": b.get("extra_flops_xla"),

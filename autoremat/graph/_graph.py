@@ -26,6 +26,8 @@ import numpy as np
 from jax.extend import source_info_util
 
 from autoremat.graph._costs import OpCost, aval_bytes, aval_size, eqn_cost
+from autoremat.graph._interpret import primitive_label
+from autoremat.graph._interpret import user_name as _user_name
 from autoremat.graph._profiles import DeviceProfile, get_profile
 from autoremat.graph._residuals import EqnResiduals, eqn_residuals
 from autoremat.graph._trace import Traced, trace
@@ -257,7 +259,7 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
         out_div = max(in_dv) if in_dv else 1.0
         any_d = any(in_d)
         out_ids = []
-        user_name = eqn.params.get("name") if eqn.primitive.name == "name" else None
+        user_name = _user_name(eqn)
         for j, v in enumerate(eqn.outvars):
             vid = f"{oid}:{j}"
             out_d = any_d and is_float(v.aval) and eqn.primitive.name not in _ZERO_DERIVATIVE
@@ -275,7 +277,7 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
         params = {k: eqn.params[k] for k in ("length", "num_carry", "num_consts", "reverse", "name")
                   if k in eqn.params and isinstance(eqn.params[k], (int, bool, str))}
         ops[oid] = OpInfo(
-            id=oid, index=idx, primitive=eqn.primitive.name,
+            id=oid, index=idx, primitive=primitive_label(eqn),
             inputs=tuple(x for x in in_ids if x is not None), outputs=tuple(out_ids), cost=cost,
             time=prof.op_time(cost, dtype), multiplicity=multiplicity, source=src,
             residual_inputs=tuple(dict.fromkeys(x for x, r in zip(in_ids, res.inputs) if r and x is not None)),

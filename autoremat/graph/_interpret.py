@@ -15,7 +15,8 @@ from typing import Any
 import jax.extend as jex
 from jax.extend import source_info_util
 
-__all__ = ["INLINE_PRIMITIVES", "inner_jaxpr", "eval_eqn", "eval_jaxpr"]
+__all__ = ["INLINE_PRIMITIVES", "inner_jaxpr", "eval_eqn", "eval_jaxpr", "hi_kind", "user_name",
+           "is_inline", "primitive_label"]
 
 # Primitives that are pure calls: evaluating their body inline changes nothing but the
 # structure.  `remat2`/`checkpoint` is an existing user checkpoint: autoremat replaces it
@@ -23,8 +24,41 @@ __all__ = ["INLINE_PRIMITIVES", "inner_jaxpr", "eval_eqn", "eval_jaxpr"]
 INLINE_PRIMITIVES = frozenset({"jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint"})
 
 
+def hi_kind(eqn) -> str | None:
+    """Under `jax_remat3`, `checkpoint_name` and `jax.checkpoint` are `call_hi_primitive`
+    equations wrapping a `CheckpointName` / `RematTraced` object; returns that class name."""
+    if eqn.primitive.name != "call_hi_primitive":
+        return None
+    return type(eqn.params.get("_prim")).__name__
+
+
+def user_name(eqn) -> str | None:
+    """The name of a `checkpoint_name` equation (either form), else None."""
+    if eqn.primitive.name == "name":
+        return eqn.params.get("name")
+    if hi_kind(eqn) == "CheckpointName":
+        return getattr(eqn.params["_prim"], "name", None)
+    return None
+
+
+def is_inline(eqn) -> bool:
+    """Whether `eval_jaxpr(inline=True)` evaluates this equation's body in place."""
+    return eqn.primitive.name in INLINE_PRIMITIVES or hi_kind(eqn) == "RematTraced"
+
+
+def primitive_label(eqn) -> str:
+    """A primitive name that is the same with `jax_remat3` on and off (`name` for checkpoint_name)."""
+    if user_name(eqn) is not None:
+        return "name"
+    kind = hi_kind(eqn)
+    return "checkpoint" if kind == "RematTraced" else eqn.primitive.name
+
+
 def inner_jaxpr(eqn) -> tuple[Any, Sequence[Any]]:
     """Returns (jaxpr, consts) of a call-like equation's body."""
+    if hi_kind(eqn) == "RematTraced":
+        j = eqn.params["_prim"].jaxpr
+        return (j.jaxpr, j.consts) if isinstance(j, jex.core.ClosedJaxpr) else (j, ())
     for key in ("jaxpr", "call_jaxpr"):
         if key in eqn.params:
             j = eqn.params[key]
@@ -81,7 +115,7 @@ def eval_jaxpr(
         write(v, val)
     for i, eqn in enumerate(jaxpr.eqns):
         invals = [read(v) for v in eqn.invars]
-        if inline and eqn.primitive.name in INLINE_PRIMITIVES:
+        if inline and is_inline(eqn):
             body, body_consts = inner_jaxpr(eqn)
             outvals = eval_jaxpr(body, body_consts, invals, inline=True)
         else:

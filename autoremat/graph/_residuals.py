@@ -23,7 +23,7 @@ import jax.extend as jex
 from jax.extend import source_info_util
 
 from autoremat.graph._costs import aval_bytes
-from autoremat.graph._interpret import eval_eqn
+from autoremat.graph._interpret import eval_eqn, user_name
 
 __all__ = ["EqnResiduals", "eqn_residuals", "FunctionResidual", "function_residuals"]
 
@@ -195,11 +195,12 @@ def function_residuals(traced) -> list[FunctionResidual]:
             producer[id(v)] = e
     named = {}
     for e in lj.eqns:
-        if e.primitive.name == "name":
+        uname = user_name(e)
+        if uname is not None:
             for v in e.invars:
-                named[id(v)] = e.params["name"]
+                named[id(v)] = uname
             for v in e.outvars:
-                named[id(v)] = e.params["name"]
+                named[id(v)] = uname
     inv = {id(v): i for i, v in enumerate(lj.invars)}
     flops_cache: dict[int, float] = {}
     rows, seen = [], set()

@@ -175,10 +175,15 @@ def _inline(closed, in_avals):
 
 
 def describe_eqn(eqn) -> str:
-    """A one-line description: `dot_general f32[8,16],f32[16,4] -> f32[8,4]`."""
+    """A one-line description: `dot_general f32[8,16],f32[16,4] -> f32[8,4]`.
+
+    `checkpoint_name` reads `name` with `jax_remat3` on and off, so plans carry over.
+    """
+    from autoremat.graph._interpret import primitive_label
+
     ins = ",".join(v.aval.str_short(short_dtypes=True) for v in eqn.invars)
     outs = ",".join(v.aval.str_short(short_dtypes=True) for v in eqn.outvars)
-    return f"{eqn.primitive.name} {ins} -> {outs}"
+    return f"{primitive_label(eqn)} {ins} -> {outs}"
 
 
 def _structure_lines(jaxpr, prefix=""):

@@ -61,7 +61,10 @@ def plan_to_python(plan: Plan) -> str:
         out.append("# 1. Tag these values with checkpoint_name at their source lines:")
         for vid, n in names.items():
             rec = plan.values.get(vid)
-            if rec is None or (rec.name and n == rec.name):
+            if rec is None:  # a plan without value records still needs the tag
+                out.append(f"#    {vid}: x = checkpoint_name(x, {n!r})")
+                continue
+            if rec.name and n == rec.name:
                 continue
             out.append(f"#    {rec.source or vid}: x = checkpoint_name(x, {n!r})   # {rec.type} from {rec.primitive}")
     out.append("")

@@ -234,8 +234,8 @@ class Plan:
                 predicted_peak=d.get("predicted_peak"), budget=d.get("budget"),
                 estimated_extra_time=d.get("estimated_extra_time"), meta=d.get("meta", {}),
                 structure=tuple(d.get("structure", [])))
-        except PlanFormatError:
-            raise
+        except PlanFormatError as e:  # a region or value the constructors reject: say where
+            raise PlanFormatError(f"{source}: {e}") from None
         except (KeyError, TypeError, ValueError) as e:
             raise PlanFormatError(f"{source} is a corrupt autoremat plan: {type(e).__name__}: {e}") from e
 
