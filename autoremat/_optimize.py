@@ -119,8 +119,8 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
         predicted_none = evaluate(model.problem, _all_none(model))[0]
         if predicted_none > model.base_bytes and baseline_peak > model.base_bytes:
             scale = (baseline_peak - model.base_bytes) / (predicted_none - model.base_bytes)
-            scale = min(1.0, max(0.3, scale))
-            if scale < 0.97:
+            scale = min(1.5, max(0.3, scale))
+            if abs(scale - 1.0) > 0.03:
                 model = build_chain_model(g, offload=offload, none_scale=scale)
                 say(f"calibrated the residual model to the compiled step (x{scale:.2f})")
 

@@ -1,15 +1,18 @@
-"""XLA:CPU flags that let remat show up in compiled memory (imports no JAX).
+"""The XLA:CPU flag that lets remat show up in compiled memory (imports no JAX).
 
-Measured (jax 0.10.2, 2-core CPU; `python benchmarks/cpu_flags.py` reruns it):
+Measured with jax 0.10.2 on a 2-core CPU (`python benchmarks/cpu_flags.py` reruns it;
+results in benchmarks/results/cpu_flags.md):
 
-* `--xla_cpu_enable_concurrency_optimized_scheduler=false`: the default scheduler hoists
-  recomputation and hides remat savings (DESIGN.md fact 4).
-* `--xla_disable_hlo_passes=cse_barrier_expander`: XLA:CPU expands the optimization
-  barriers that `jax.checkpoint(prevent_cse=True)` inserts *before* its CSE pass, which then
-  merges the recomputation back into the forward pass: per-block `nothing_saveable` on an
-  8-block MLP compiled to the same 320 MiB temp as no remat; with the pass disabled, 140 MiB.
+* `--xla_disable_hlo_passes=cse_barrier_expander` is what matters.  XLA:CPU expands the
+  optimization barriers that `jax.checkpoint(prevent_cse=True)` inserts *before* its CSE
+  pass, which then merges the recomputation back into the forward pass: per-block
+  `nothing_saveable` on an 8-block MLP compiled to the same temp memory as no remat.
+* `--xla_cpu_enable_concurrency_optimized_scheduler=false` (DESIGN.md fact 4, written for an
+  older XLA) is deprecated in this XLA and now *hurts*: it selects a scheduler that hoists
+  every block's recomputation to the start of the backward pass (4-layer transformer,
+  per-layer `nothing_saveable`: 75.8 MiB with it, 47.6 MiB without; no remat 82.4 MiB).
 
-Both must be in the environment before JAX initializes its CPU backend.
+The flag must be in the environment before JAX initializes its CPU backend.
 """
 
 from __future__ import annotations
@@ -19,18 +22,25 @@ import sys
 
 __all__ = ["CPU_XLA_FLAGS", "configure_cpu_flags", "cpu_flags_active"]
 
-CPU_XLA_FLAGS = (
-    "--xla_cpu_enable_concurrency_optimized_scheduler=false",
-    "--xla_disable_hlo_passes=cse_barrier_expander",
-)
+CPU_XLA_FLAGS = ("--xla_disable_hlo_passes=cse_barrier_expander",)
+_PASS = "cse_barrier_expander"
 
 
 def configure_cpu_flags() -> bool:
-    """Adds `CPU_XLA_FLAGS` to `XLA_FLAGS`; returns False if JAX's backend already started."""
+    """Adds `CPU_XLA_FLAGS` to `XLA_FLAGS`; returns False if JAX's backend already started.
+
+    An existing `--xla_disable_hlo_passes=...` list is extended rather than duplicated.
+    """
     current = os.environ.get("XLA_FLAGS", "")
-    missing = [f for f in CPU_XLA_FLAGS if f.split("=")[0] not in current]
-    if missing:
-        os.environ["XLA_FLAGS"] = " ".join([current, *missing]).strip()
+    if _PASS not in current:
+        parts = current.split()
+        for i, p in enumerate(parts):
+            if p.startswith("--xla_disable_hlo_passes="):
+                parts[i] = p + "," + _PASS
+                break
+        else:
+            parts.append(CPU_XLA_FLAGS[0])
+        os.environ["XLA_FLAGS"] = " ".join(parts)
     return not _backend_started()
 
 
@@ -40,6 +50,5 @@ def _backend_started() -> bool:
 
 
 def cpu_flags_active() -> bool:
-    """Whether the flags are in the environment (they count only if set before JAX started)."""
-    current = os.environ.get("XLA_FLAGS", "")
-    return all(f in current for f in CPU_XLA_FLAGS)
+    """Whether the flag is in the environment (they count only if set before JAX started)."""
+    return _PASS in os.environ.get("XLA_FLAGS", "")

@@ -1,7 +1,7 @@
 """The `autoremat` command line: search, show, export, frontier, inspect, demo.
 
     autoremat search model.py:make --budget 8GB -o plan.json
-    autoremat search example:transformer --budget 0.6 -o plan.json --timeline memory.png
+    autoremat search example:transformer_scan --budget 0.6 -o plan.json --timeline memory.png
     autoremat show plan.json
     autoremat export plan.json -o remat_policy.py
     autoremat frontier model.py:make --budgets 1.0,0.8,0.6,0.4 -o frontier.png [--measure]

@@ -44,14 +44,14 @@ from autoremat._errors import InfeasibleBudgetError  # noqa: E402
 from autoremat.examples import MAXTEXT_PRESETS, SIZES, get_example  # noqa: E402
 from autoremat.graph._graph import build_graph  # noqa: E402
 from autoremat.runtime._validate import compiled_stats  # noqa: E402
-from autoremat.solver._chain import evaluate  # noqa: E402
+from autoremat.solver._chain import evaluate, lowest_peak_segments  # noqa: E402
 
 MIB = 2**20
 MODELS = ("transformer", "transformer_scan", "mlp_chain", "convnet")
 TAGGED = ("transformer", "transformer_scan")  # models with MaxText checkpoint_name tags
 FRACTIONS = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2)
 # Budgets closer than this (relative) to one already in the sweep are not planned again.
-BUDGET_DEDUP = 0.02
+BUDGET_DEDUP = 0.002
 
 # --quick: small models, fewer methods and budgets, 3 timed steps.
 QUICK_SIZES = {
@@ -90,6 +90,7 @@ def machine_info() -> dict:
         "device": getattr(dev, "device_kind", str(dev)),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "loadavg_start": os.getloadavg()[0],
     }
 
 
@@ -106,6 +107,8 @@ def stats_record(stats) -> dict:
         "xla_flops": stats.flops,
         "step_time": stats.step_time,
         "step_times": list(stats.step_times),
+        "step_time_min": min(stats.step_times) if stats.step_times else None,
+        "loadavg_1min": os.getloadavg()[0],
         "compile_time": stats.compile_time,
     }
 
@@ -217,6 +220,15 @@ def run_model(name: str, size: str, quick: bool, n_steps: int, offload: bool, ba
     out["chain_model_time"] = time.perf_counter() - t0
     out["predicted_no_remat_peak"] = int(evaluate(model.problem, _optimize._all_none(model))[0])
 
+    # Diagnostic: the chain model's lowest-peak plan, compiled (what autoremat could reach).
+    try:
+        low = lowest_peak_segments(model.problem)
+        low_fn = autoremat.apply(fn, model.to_plan(low))
+        out["lowest_plan"] = {"predicted_peak": int(evaluate(model.problem, low)[0]),
+                              "compiled_peak": compiled_stats(low_fn, *args).peak_bytes}
+    except Exception as e:  # noqa: BLE001
+        out["lowest_plan"] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+
     # sqrt(n) checkpointing in the chain model.
     nb = model.problem.n_blocks
     k = math.ceil(math.sqrt(nb))
@@ -324,12 +336,16 @@ def model_table(m: dict) -> list[str]:
     lines = [f"### {m['model']}", "", m["description"] + ".", ""]
     extra = [f"{m['n_blocks']} blocks in the model, {m.get('chain_blocks', '?')} in autoremat's chain",
              f"graph forward FLOPs {fmt_gf(m['graph_forward_flops'])} G"]
+    lp = m.get("lowest_plan") or {}
+    if "compiled_peak" in lp:
+        extra.append(f"the chain model's lowest-peak plan: predicted {fmt_mib(lp['predicted_peak'])} MiB, "
+                     f"compiled {fmt_mib(lp['compiled_peak'])} MiB")
     if m.get("xla_flops_scale", 1) != 1:
         extra.append(f"XLA counts the scan body once: extra FLOPs (XLA) are scaled by {m['xla_flops_scale']}")
     lines += ["; ".join(extra) + ".", ""]
-    lines.append("| method | budget MiB | peak MiB | / none | fits | step ms | XLA GFLOP | extra GFLOP XLA "
+    lines.append("| method | budget MiB | peak MiB | / none | fits | step ms | min ms | XLA GFLOP | extra GFLOP XLA "
                  "| extra GFLOP model | solve s | plan s | pred. err | notes |")
-    lines.append("|---|---:|---:|---:|:-:|---:|---:|---:|---:|---:|---:|---:|---|")
+    lines.append("|---|---:|---:|---:|:-:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for p in m["points"]:
         st = p.get("status")
         notes = []
@@ -346,7 +362,7 @@ def model_table(m: dict) -> list[str]:
         frac = "" if p.get("fraction_of_none") is None else f"{p['fraction_of_none']:.2f}"
         lines.append("| " + " | ".join([
             p["method"], fmt_mib(p.get("budget_bytes")), fmt_mib(p.get("peak_bytes")), frac, fits,
-            fmt_ms(p.get("step_time")), fmt_gf(p.get("xla_flops")), fmt_gf(p.get("extra_flops_xla")),
+            fmt_ms(p.get("step_time")), fmt_ms(p.get("step_time_min")), fmt_gf(p.get("xla_flops")), fmt_gf(p.get("extra_flops_xla")),
             fmt_gf(p.get("recompute_flops_model")),
             "" if p.get("solve_time") is None else f"{p['solve_time']:.2f}",
             "" if p.get("plan_time") is None else f"{p['plan_time']:.1f}",
@@ -468,7 +484,9 @@ def write_reports(result: dict, out_dir: str, stem: str) -> None:
              f"- platform: {mi['platform']} ({mi['processor']}), {mi['cpu_count']} CPUs, device {mi['device']}",
              f"- python {mi['python']}, jax {mi['jax']}, jaxlib {mi['jaxlib']}",
              f"- XLA_FLAGS: `{mi['xla_flags']}`",
-             f"- date: {mi['date']}", "",
+             f"- date: {mi['date']}",
+             f"- load average (1 min) at start / end: {mi['loadavg_start']:.2f} / {result.get('loadavg_end', 0):.2f} "
+             "(other processes on the machine make step times noisy)", "",
              f"Step time: median of {result['config']['n_steps']} runs after one warm-up.  Peaks are XLA's "
              "compiled argument + output + temp - alias.  See README.md for the columns.", "",
              "## Headline", ""]
@@ -530,6 +548,7 @@ def main(argv=None) -> int:
             result["models"].append({"model": name, "error": f"{type(e).__name__}: {e}",
                                      "traceback": traceback.format_exc()})
         result["total_time"] = time.perf_counter() - t0
+        result["loadavg_end"] = os.getloadavg()[0]
         result["headline"] = headline([m for m in result["models"] if "error" not in m])
         write_reports(result, a.out, stem)  # after every model, so a partial run leaves results
     say(f"done in {result['total_time'] / 60:.1f} min: {os.path.join(a.out, stem)}.md")

@@ -150,7 +150,7 @@ def test_demo_on_a_small_example(tmp_path, monkeypatch):
 def test_demo_defaults_are_the_readme_demo():
     cmd = main.commands["demo"]
     defaults = {p.name: p.default for p in cmd.params}
-    assert defaults["example"] == "transformer" and defaults["budget"] == "0.6"
+    assert defaults["example"] == "transformer_scan" and defaults["budget"] == "0.6"
     assert defaults["output"] == "autoremat-demo-plan.json"
 
 

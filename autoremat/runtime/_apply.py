@@ -145,7 +145,10 @@ class _Evaluator:
 def _run_scan(eqn, invals, sp: ScanPlan, plan: Plan, oid: str):
     """Re-issues a scan with its body evaluated under a checkpoint with named values."""
     p = eqn.params
-    nc, ncar = p["num_consts"], p["num_carry"]
+    if "num_consts" in p:
+        nc, ncar = p["num_consts"], p["num_carry"]
+    else:  # jax >= 0.11: ft_in is a FlatTree of the (consts, carry, xs) inputs
+        nc, ncar, _ = (len(group) for group in p["ft_in"].unpack())
     body = p["jaxpr"]
     bj, bconsts = body.jaxpr, body.consts
     consts, init, xs = invals[:nc], invals[nc:nc + ncar], invals[nc + ncar:]
