@@ -107,7 +107,7 @@ def block_ranges(fn, fn_per_block_remat, args) -> list[tuple[int, int]]:
 
     `fn_per_block_remat` is the same function with each block in a `jax.checkpoint`.
     """
-    # Under jax_remat3 a user checkpoint is a `call_hi_primitive` that `trace` does not inline.
+    # With jax_remat3 on, jax.checkpoint makes `call_hi_primitive` equations instead.
     with remat3_flag(False):
         flat = trace(fn, args)
         nested = trace(fn_per_block_remat, args, inline=False)
@@ -192,11 +192,26 @@ def scan_plans(t) -> dict[str, Plan]:
 
 
 @pytest.fixture(scope="module", autouse=True)
+def full_f32_matmuls():
+    """Gradients are compared at 1e-6: on GPUs f32 matmuls default to TF32, whose rounding
+    differs between differently fused programs (4e-4 relative on an H100 otherwise)."""
+    if jax.default_backend() == "cpu":
+        yield
+        return
+    old = jax.config.jax_default_matmul_precision
+    jax.config.update("jax_default_matmul_precision", "highest")
+    try:
+        yield
+    finally:
+        jax.config.update("jax_default_matmul_precision", old)
+
+
+@pytest.fixture(scope="module", autouse=True)
 def print_peaks():
     yield
     if PEAKS:
         kinds = list(dict.fromkeys(k for row in PEAKS.values() for k in row))
-        print("\ncompiled peaks of value_and_grad (MiB):")
+        print(f"\ncompiled peaks of value_and_grad (MiB, {jax.devices()[0].device_kind}):")
         print(f"{'model':<18}" + "".join(f"{k:>14}" for k in kinds))
         for name, row in PEAKS.items():
             print(f"{name:<18}" + "".join(f"{row[k]:>14.3f}" if k in row else f"{'':>14}" for k in kinds))
@@ -240,18 +255,18 @@ def test_block_plan_peaks_move_as_planned(name):
     assert p["dots"] < none
     assert p["nested"] < none
     assert p["dots"] <= p["everything"]  # saving more never lowers the peak
-    assert p["everything"] >= none       # ... and saving everything saves nothing
-    assert p["offload"] < none
-    if jax.default_backend() != "cpu":
-        assert p["offload"] <= p["dots"]
-    # XLA:CPU gives offloaded residuals no separate memory space (no S(5) in the compiled
-    # HLO, host bytes 0): they count like saved ones, and the copies can add a buffer (the
-    # convnet: 32 KiB over saving the dots on the device).
-    if name != "transformer":
-        assert p["nothing"] <= p["dots"]
-    # For the transformer XLA:CPU compiles per-block recompute-everything to a *higher* peak
-    # than per-block save-the-dots (6.11 vs 5.55 MiB here).  The same happens with the
-    # hand-written per-block policies (below), so it is XLA's schedule, not `apply`.
+    assert p["nothing"] <= p["dots"]
+    # (With the deprecated `--xla_cpu_enable_concurrency_optimized_scheduler=false`, XLA:CPU
+    # compiled the transformer's per-block recompute-everything to a *higher* peak than
+    # save-the-dots, 6.11 vs 5.55 MiB, for the hand-written per-block policies too.)
+    if jax.default_backend() == "cpu":
+        # XLA:CPU gives offloaded residuals no memory space of their own (no S(5) in its HLO,
+        # host bytes 0): they count like saved ones.
+        assert p["offload"] <= p["dots"] and p["offload"] < none
+    # On an H100 (jax 0.11.2) the offload plans do put the residuals in host memory (S(5),
+    # host temp > 0) but compile to a *higher* device peak than saving them (MLP 6.01 vs
+    # 4.51 MiB, convnet 2.72 vs 1.97): at these sizes XLA's host-offload copies cost more
+    # device memory than the residuals they move.
 
 
 @pytest.mark.parametrize("name", BLOCK_MODELS)
@@ -325,9 +340,10 @@ def test_offload_plan_puts_residuals_in_host_memory(name):
     assert sorted((s, d) for s, d, host, _ in offloaded if host) == sorted(named)
     assert [r[:2] for r in offloaded if not r[2]] == [r[:2] for r in saved if not r[3]]
     assert _host_puts(dots, ex.args) == ([], [])
-    if jax.default_backend() != "cpu":
-        hlo = jax.jit(jax.value_and_grad(offload)).lower(*ex.args).compile().as_text()
-        assert "S(5)" in hlo
+    if jax.default_backend() != "cpu":  # XLA:CPU compiles the transfers away
+        compiled = jax.jit(jax.value_and_grad(offload)).lower(*ex.args).compile()
+        assert "S(5)" in compiled.as_text()
+        assert compiled.memory_analysis().host_temp_size_in_bytes > 0
 
 
 def test_offload_under_remat3(remat3):
