@@ -12,25 +12,54 @@ results in benchmarks/results/cpu_flags.md):
   every block's recomputation to the start of the backward pass (4-layer transformer,
   per-layer `nothing_saveable`: 75.8 MiB with it, 47.6 MiB without; no remat 82.4 MiB).
 
-The flag must be in the environment before JAX initializes its CPU backend.
+The flag must be in the environment before JAX initializes its CPU backend.  It must NOT
+be set where JAX will use a GPU: XLA:GPU cannot emit the barriers it then keeps
+(`INTERNAL: Unsupported instruction opcode: opt-barrier`, seen on an H100 with jax 0.11.2),
+so `configure_cpu_flags` leaves XLA_FLAGS alone when an accelerator plugin is installed
+and JAX_PLATFORMS does not restrict JAX to the CPU.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 
-__all__ = ["CPU_XLA_FLAGS", "configure_cpu_flags", "cpu_flags_active"]
+__all__ = ["CPU_XLA_FLAGS", "accelerator_expected", "configure_cpu_flags", "cpu_flags_active"]
 
 CPU_XLA_FLAGS = ("--xla_disable_hlo_passes=cse_barrier_expander",)
 _PASS = "cse_barrier_expander"
 
 
-def configure_cpu_flags() -> bool:
-    """Adds `CPU_XLA_FLAGS` to `XLA_FLAGS`; returns False if JAX's backend already started.
+_ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_cuda12_pjrt", "jax_cuda13_pjrt",
+                        "jax_rocm60_plugin", "jax_rocm7_plugin", "libtpu", "jax_plugins.xla_cuda12",
+                        "jax_plugins.xla_cuda13")
 
-    An existing `--xla_disable_hlo_passes=...` list is extended rather than duplicated.
+
+def accelerator_expected() -> bool:
+    """Whether JAX will probably run on a GPU/TPU here (an accelerator plugin is installed
+    and JAX_PLATFORMS does not say cpu)."""
+    platforms = os.environ.get("JAX_PLATFORMS", "").strip().lower()
+    if platforms:
+        return platforms.split(",")[0] != "cpu"
+    for name in _ACCELERATOR_PLUGINS:
+        try:
+            if importlib.util.find_spec(name) is not None:
+                return True
+        except (ImportError, ValueError):
+            continue
+    return False
+
+
+def configure_cpu_flags() -> bool:
+    """Adds `CPU_XLA_FLAGS` to `XLA_FLAGS` when JAX will run on the CPU.
+
+    Returns False if JAX's backend already started (too late for flags).  An existing
+    `--xla_disable_hlo_passes=...` list is extended rather than duplicated.  Nothing is
+    changed where an accelerator is expected (see `accelerator_expected`).
     """
+    if accelerator_expected():
+        return not _backend_started()
     current = os.environ.get("XLA_FLAGS", "")
     if _PASS not in current:
         parts = current.split()
