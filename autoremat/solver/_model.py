@@ -273,26 +273,25 @@ class ChainModel:
             structure=tuple(describe_eqn(e) for e in t.jaxpr.eqns))
 
 
-def _value(g: Graph, vid: str):
-    if vid in g.values:
-        return g.values[vid]
+def _lookup(g: Graph, key: str | None, table: str):
+    """`g.values[key]` or `g.ops[key]` (table 'values' / 'ops'), searching nested bodies."""
+    if key is None:
+        return None
+    if key in getattr(g, table):
+        return getattr(g, table)[key]
     for op in g.ops.values():
         for body in op.bodies:
-            if vid.startswith(body.prefix):
-                return _value(body, vid)
+            if key.startswith(body.prefix):
+                return _lookup(body, key, table)
     return None
+
+
+def _value(g: Graph, vid: str):
+    return _lookup(g, vid, "values")
 
 
 def _op(g: Graph, oid: str | None):
-    if oid is None:
-        return None
-    if oid in g.ops:
-        return g.ops[oid]
-    for op in g.ops.values():
-        for body in op.bodies:
-            if oid.startswith(body.prefix):
-                return _op(body, oid)
-    return None
+    return _lookup(g, oid, "ops")
 
 
 # -- recompute closure ------------------------------------------------------------------

@@ -1,0 +1,15 @@
+"""Assertions shared by several test modules."""
+
+import jax
+import numpy as np
+
+
+def assert_trees_close(actual, expected, rtol=1e-6):
+    """Equal structure and, per leaf, `|a - e| <= rtol * |e|` (Frobenius norms)."""
+    assert jax.tree.structure(actual) == jax.tree.structure(expected)
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(expected)[0]]
+    for path, a, e in zip(paths, jax.tree.leaves(actual), jax.tree.leaves(expected)):
+        a, e = np.asarray(a, np.float64), np.asarray(e, np.float64)
+        assert a.shape == e.shape, f"{path}: shape {a.shape} != {e.shape}"
+        err, scale = np.linalg.norm(a - e), np.linalg.norm(e)
+        assert err <= rtol * scale + 1e-30, f"{path}: relative error {err / scale:.3g} > {rtol:g}"
