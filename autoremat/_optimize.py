@@ -111,12 +111,12 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
         reference = baseline_peak
         if reference is None and isinstance(budget, float):
             none_segments = _all_none(model)
-            reference = evaluate(model.problem, none_segments)[0]
+            reference = evaluate(model.raw_problem, none_segments)[0]
         budget_bytes = parse_budget(budget, reference_peak=reference)
     say(f"budget {format_bytes(budget_bytes)}")
     if baseline_peak is not None:
         # Calibrate what un-checkpointed regions keep against the compiled un-optimized step.
-        predicted_none = evaluate(model.problem, _all_none(model))[0]
+        predicted_none = evaluate(model.raw_problem, _all_none(model))[0]
         if predicted_none > model.base_bytes and baseline_peak > model.base_bytes:
             scale = (baseline_peak - model.base_bytes) / (predicted_none - model.base_bytes)
             scale = min(1.5, max(0.3, scale))
@@ -130,7 +130,7 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
     if baseline_peak is not None and baseline_peak <= budget_bytes:
         segs = _all_none(model)
         plan = model.to_plan(segs, budget=budget_bytes, meta={**meta, "note": "fits without remat"})
-        plan = _with(plan, predicted_peak=evaluate(model.problem, segs)[0], estimated_extra_time=0.0)
+        plan = _with(plan, predicted_peak=evaluate(model.raw_problem, segs)[0], estimated_extra_time=0.0)
         say("the un-optimized step already fits: nothing to rematerialize")
         return _Planned(plan, traced, model, baseline_peak, history)
 
@@ -214,13 +214,8 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
 
 
 def _all_none(model: ChainModel):
-    from autoremat.solver._chain import Segment
-
-    segs = []
-    for i in range(model.problem.n_blocks):
-        opts = model.problem.options[(i, i + 1)]
-        segs.append(Segment(i, i + 1, next(o for o in opts if o.name == "none")))
-    return tuple(segs)
+    """Every block left alone: the un-optimized step in the model's terms."""
+    return model.uniform("none")
 
 
 def _with(plan: Plan, **kw) -> Plan:
