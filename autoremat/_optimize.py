@@ -139,7 +139,9 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
     sig = (traced.fingerprint, str(traced.in_avals), model.none_scale)
 
     def compile_peak(segments) -> int:
-        key = tuple((sg.start, sg.stop, sg.option.name) for sg in segments)
+        # Equation ranges, not block indices: the two block variants index blocks differently.
+        key = tuple((model.blocks[sg.start].start, model.blocks[sg.stop - 1].stop, sg.option.name)
+                    for sg in segments)
         if key not in tried:
             if (sig, key) not in _COMPILED:
                 p = model.to_plan(segments, budget=budget_bytes, meta=meta)
@@ -188,20 +190,34 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
             break
     # The model and XLA disagree here.  Fall back on compile-verified candidates: every
     # option kind applied uniformly per block and per pair of blocks (this covers JAX's
-    # built-in policies per block), cheapest estimated time first.
-    cands = []
-    for kind in model.option_kinds():
-        for size in (1, 2):
-            segs = model.uniform(kind, size)
-            if segs is not None:
-                cands.append((evaluate(model.raw_problem, segs)[1], kind, size, segs))
-    cands.sort(key=lambda c: c[0])
-    say(f"the model and XLA disagree; trying {len(cands)} compile-verified uniform plans")
-    for extra, kind, size, segs in cands[:max_candidates]:
-        peak = compile_peak(segs)
-        if peak <= budget_bytes:
-            say(f"uniform {kind} over {size} block(s): compiled {format_bytes(peak)} fits")
-            return accept(segs, None, f"uniform {kind} x{size}")
+    # built-in policies per block), cheapest estimated time first, the all-recompute ones
+    # (regions of 1-4 blocks, as layers span several blocks) always included; then the same with blocks cut the other way (activations closing
+    # their layer rather than opening the next).
+    for variant, m in _variants(g, model, offload, say):
+        if m is not model:
+            model = m
+            try:
+                result = solve(model.problem, target if variant == "next" else budget_bytes, method=solver,
+                               time_limit=time_limit)
+                if compile_peak(result.segments) <= budget_bytes:
+                    return accept(result.segments, result, f"solver, blocks merged {variant}")
+            except InfeasibleBudgetError:
+                pass
+        cands = []
+        for kind in model.option_kinds():
+            for size in (1, 2, 3, 4):
+                segs = model.uniform(kind, size)
+                if segs is not None and (size <= 2 or kind.endswith("recompute")):
+                    cands.append((evaluate(model.raw_problem, segs)[1], kind, size, segs))
+        cands.sort(key=lambda c: c[0])
+        chosen = cands[:max_candidates] + [c for c in cands[max_candidates:] if c[1].endswith("recompute")]
+        say(f"the model and XLA disagree; trying {len(chosen)} compile-verified uniform plans (blocks merged "
+            f"{variant})")
+        for extra, kind, size, segs in chosen:
+            peak = compile_peak(segs)
+            if peak <= budget_bytes:
+                say(f"uniform {kind} over {size} block(s): compiled {format_bytes(peak)} fits")
+                return accept(segs, None, f"uniform {kind} x{size}, blocks merged {variant}")
     low = lowest_peak_segments(model.problem)
     if compile_peak(low) <= budget_bytes:
         return accept(low, None, "lowest predicted peak")
@@ -211,6 +227,13 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
         f"lowest compiled peak it found is {format_bytes(lowest)}; raise the budget to at least "
         f"{format_bytes(lowest)}" + ("" if offload else " or enable offload (offload=True)"),
         budget=budget_bytes, lowest=lowest)
+
+
+def _variants(g, model: ChainModel, offload: bool, say):
+    """The model as built, then the model with blocks merged the other way (built lazily)."""
+    yield "next", model
+    say("rebuilding the chain with activations closing their layer")
+    yield "prev", build_chain_model(g, offload=offload, none_scale=model.none_scale, merge="prev")
 
 
 def _all_none(model: ChainModel):

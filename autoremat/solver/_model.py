@@ -60,6 +60,7 @@ class Block:
     ops: tuple[str, ...]
     kind: str  # "ops" | "scan"
     signature: str
+    heavy: bool = True  # holds a matmul/conv/control-flow equation
 
 
 @dataclass(frozen=True)
@@ -99,8 +100,17 @@ def crossing_bytes(g: Graph) -> list[int]:
     return out
 
 
-def find_blocks(g: Graph, *, max_blocks: int = 160) -> tuple[Block, ...]:
-    """Cuts the top-level equations into a chain of blocks (see the module docstring)."""
+def find_blocks(g: Graph, *, max_blocks: int = 160, merge: str = "next") -> tuple[Block, ...]:
+    """Cuts the top-level equations into a chain of blocks (see the module docstring).
+
+    Args:
+      merge: where equations without a heavy primitive (norms, activations, residual adds)
+        go: "next" ends each block at the first cut after its heavy equation (activations
+        open the next block); "prev" ends it at the last cut before the next heavy equation
+        (activations close their layer, as hand-written per-layer checkpoints do).
+    """
+    if merge not in ("next", "prev"):
+        raise ValueError(f"merge must be 'next' or 'prev', got {merge!r}")
     ops = list(g.ops.values())
     n = len(ops)
     if n == 0:
@@ -140,9 +150,14 @@ def find_blocks(g: Graph, *, max_blocks: int = 160) -> tuple[Block, ...]:
     merged = [0]
     for k in range(1, len(bounds) - 1):
         a, b = merged[-1], bounds[k]
-        if any(heavy[a:b]) or bounds[k] in forced:
+        if merge == "prev" and bounds[k] not in forced:
+            # ... and the first cut of a heavy-free tail (the loss stays its own block).
+            keep = any(heavy[a:b]) and (any(heavy[b:bounds[k + 1]]) or not any(heavy[b:n]))
+        else:
+            keep = any(heavy[a:b]) or bounds[k] in forced
+        if keep:
             merged.append(bounds[k])
-    if len(merged) > 1 and not any(heavy[merged[-1]:n]) and merged[-1] not in forced:
+    if merge == "next" and len(merged) > 1 and not any(heavy[merged[-1]:n]) and merged[-1] not in forced:
         merged.pop()  # a trailing light block (loss reduction) joins the one before
     bounds = merged + [n]
     blocks = []
@@ -150,7 +165,7 @@ def find_blocks(g: Graph, *, max_blocks: int = 160) -> tuple[Block, ...]:
         a, b = bounds[k], bounds[k + 1]
         ids = tuple(op.id for op in ops[a:b])
         kind = "scan" if (b - a == 1 and ops[a].primitive == "scan") else "ops"
-        blocks.append(Block(k, a, b, ids, kind, _signature(g, ops[a:b])))
+        blocks.append(Block(k, a, b, ids, kind, _signature(g, ops[a:b]), any(heavy[a:b])))
     return tuple(blocks)
 
 
@@ -209,9 +224,11 @@ class ChainModel:
         while i < nb:
             if self.blocks[i].kind == "scan":
                 j, want = i + 1, scan_kind
+            elif not self.blocks[i].heavy:
+                j, want = i + 1, "none"  # a light block (the loss) is left alone
             else:
                 j = i + 1
-                while j < min(nb, i + size) and self.blocks[j].kind != "scan":
+                while j < min(nb, i + size) and self.blocks[j].kind != "scan" and self.blocks[j].heavy:
                     j += 1
                 want = kind
             opt = next((o for o in self.raw_options.get((i, j), ()) if o.name == want), None)
@@ -454,7 +471,7 @@ def _solve_block_options(g, ops, produced, residuals, caps, method, time_limit):
 def build_chain_model(g: Graph, *, offload: bool = True, max_region_blocks: int | None = None,
                       caps: Sequence[float] = DEFAULT_CAPS, region_method: str = "cpsat",
                       region_time_limit: float | None = 2.0, max_blocks: int = 160,
-                      none_scale: float = 1.0) -> ChainModel:
+                      none_scale: float = 1.0, merge: str = "next") -> ChainModel:
     """Builds the chain problem of a graph (see the module docstring).
 
     Args:
@@ -463,7 +480,7 @@ def build_chain_model(g: Graph, *, offload: bool = True, max_region_blocks: int 
         pass and never stores them; `optimize` measures the compiled un-optimized peak and
         scales the stored bytes of un-checkpointed regions by the ratio it finds.
     """
-    blocks = find_blocks(g, max_blocks=max_blocks)
+    blocks = find_blocks(g, max_blocks=max_blocks, merge=merge)
     cross = crossing_bytes(g)
     t = g.traced
     base = sum(g.values[v].nbytes for v in g.inputs)
