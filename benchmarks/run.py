@@ -228,11 +228,17 @@ def run_model(name: str, size: str, quick: bool, n_steps: int, offload: bool, ba
 
     # The chain model (calibrated to the compiled no-remat step): budget 1.0 fits without remat.
     t0 = time.perf_counter()
-    planned = _optimize.plan_for(fn, 1.0, args, offload=offload)
+    try:
+        planned = _optimize.plan_for(fn, 1.0, args, offload=offload)
+    except Exception as e:  # noqa: BLE001 - record autoremat's failure, then get the model another way
+        out["model_error"] = {"call": "plan_for(fn, 1.0, args)", "error": f"{type(e).__name__}: {e}",
+                              "traceback": traceback.format_exc()}
+        say(f"{name}: plan_for(fn, 1.0) FAILED ({type(e).__name__}: {e}); retrying one byte under no remat")
+        planned = _optimize.plan_for(fn, none_peak - 1, args, offload=offload)
     model = planned.model
     out["chain_blocks"] = model.problem.n_blocks
     out["chain_model_time"] = time.perf_counter() - t0
-    out["predicted_no_remat_peak"] = int(evaluate(model.problem, _optimize._all_none(model))[0])
+    out["predicted_no_remat_peak"] = int(evaluate(model.raw_problem, model.uniform("none"))[0])
 
     # Diagnostic: the chain model's lowest-peak plan, compiled (what autoremat could reach).
     try:
@@ -349,6 +355,9 @@ def model_table(m: dict) -> list[str]:
     lines = [f"### {m['model']}", "", m["description"] + ".", ""]
     extra = [f"{m['n_blocks']} blocks in the model, {m.get('chain_blocks', '?')} in autoremat's chain",
              f"graph forward FLOPs {fmt_gf(m['graph_forward_flops'])} G"]
+    if m.get("model_error"):
+        extra.append(f"`{m['model_error']['call']}` raised {m['model_error']['error'].splitlines()[0]} "
+                     "(traceback in the JSON); the chain model came from a budget one byte under no remat")
     lp = m.get("lowest_plan") or {}
     if "compiled_peak" in lp:
         extra.append(f"the chain model's lowest-peak plan: predicted {fmt_mib(lp['predicted_peak'])} MiB, "

@@ -39,6 +39,21 @@ from autoremat.solver._solve import solve  # noqa: E402
 TARGET_S = 10.0
 
 
+def git_state() -> str:
+    """The commit of the checkout, with `+dirty` if autoremat/ has uncommitted changes."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "autoremat"], cwd=root, capture_output=True,
+                               text=True, check=True).stdout.strip()
+        return head + ("+dirty" if dirty else "")
+    except Exception:  # noqa: BLE001 - not a git checkout
+        return "unknown"
+
+
 def abstract_example(**knobs):
     """The example's loss and its arguments as `ShapeDtypeStruct`s (the initializer is traced only)."""
     holder = {}
@@ -76,7 +91,8 @@ def main(argv=None) -> int:
              f"`python benchmarks/solve_time.py {' '.join(argv if argv is not None else sys.argv[1:])}`; "
              f"{ex.description}.", "",
              f"Machine: {platform.platform()}, {os.cpu_count()} CPUs, python {platform.python_version()}, "
-             f"jax {jax.__version__}.  Example (shapes only) built in {t_example:.2f} s.", ""]
+             f"jax {jax.__version__}, autoremat {git_state()}.  Example (shapes only) built in {t_example:.2f} s.",
+             ""]
     solve_times = []
     for prof in a.profiles:
         offload = prof != "cpu"

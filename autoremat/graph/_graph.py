@@ -26,7 +26,7 @@ import numpy as np
 from jax.extend import source_info_util
 
 from autoremat.graph._costs import OpCost, aval_bytes, aval_size, eqn_cost
-from autoremat.graph._interpret import primitive_label
+from autoremat.graph._interpret import primitive_label, scan_counts
 from autoremat.graph._interpret import user_name as _user_name
 from autoremat.graph._profiles import DeviceProfile, get_profile
 from autoremat.graph._residuals import EqnResiduals, eqn_residuals
@@ -274,8 +274,10 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
         if out_div > 1:
             cost = cost.scale(1.0 / out_div)
         dtype = str(eqn.outvars[0].aval.dtype) if eqn.outvars and hasattr(eqn.outvars[0].aval, "dtype") else "float32"
-        params = {k: eqn.params[k] for k in ("length", "num_carry", "num_consts", "reverse", "name")
+        params = {k: eqn.params[k] for k in ("length", "reverse", "name")
                   if k in eqn.params and isinstance(eqn.params[k], (int, bool, str))}
+        if eqn.primitive.name == "scan":
+            params["num_consts"], params["num_carry"] = scan_counts(eqn.params)
         ops[oid] = OpInfo(
             id=oid, index=idx, primitive=primitive_label(eqn),
             inputs=tuple(x for x in in_ids if x is not None), outputs=tuple(out_ids), cost=cost,
@@ -319,10 +321,23 @@ def _bodies(eqn, oid, prof, in_d, in_div, multiplicity) -> tuple[Graph, ...]:
     name = eqn.primitive.name
     if name not in _BODY_KEYS:
         return ()
+    try:
+        return _bodies_of(eqn, oid, prof, in_d, in_div, multiplicity)
+    except (KeyError, AttributeError) as e:
+        # A JAX version whose control-flow parameters we do not know: keep the equation
+        # opaque (costed and linearized as a whole) rather than fail.
+        import warnings
+        warnings.warn(f"autoremat: cannot read the body of {name} ({type(e).__name__}: {e}); "
+                      f"treating it as one opaque equation", stacklevel=2)
+        return ()
+
+
+def _bodies_of(eqn, oid, prof, in_d, in_div, multiplicity) -> tuple[Graph, ...]:
+    name = eqn.primitive.name
     out = []
     if name == "scan":
         body = eqn.params["jaxpr"]
-        n_consts, n_carry = eqn.params["num_consts"], eqn.params["num_carry"]
+        n_consts, n_carry = scan_counts(eqn.params)
         bj = body.jaxpr
         # A carry is differentiable if its initial value or any differentiable input is.
         d = list(in_d)

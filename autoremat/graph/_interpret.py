@@ -15,13 +15,25 @@ from typing import Any
 import jax.extend as jex
 from jax.extend import source_info_util
 
-__all__ = ["INLINE_PRIMITIVES", "inner_jaxpr", "eval_eqn", "eval_jaxpr", "hi_kind", "user_name",
+__all__ = ["scan_counts", "INLINE_PRIMITIVES", "inner_jaxpr", "eval_eqn", "eval_jaxpr", "hi_kind", "user_name",
            "is_inline", "primitive_label"]
 
 # Primitives that are pure calls: evaluating their body inline changes nothing but the
 # structure.  `remat2`/`checkpoint` is an existing user checkpoint: autoremat replaces it
 # with its own plan.
 INLINE_PRIMITIVES = frozenset({"jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint"})
+
+
+def scan_counts(params) -> tuple[int, int]:
+    """(number of consts, number of carries) of a scan equation, on jax 0.10 and 0.11.
+
+    jax 0.10 has `num_consts`/`num_carry`; jax 0.11 has `ft_in`, a FlatTree of the
+    (consts, carry, xs) inputs.
+    """
+    if "num_consts" in params:
+        return int(params["num_consts"]), int(params["num_carry"])
+    nc, ncar, _ = (len(group) for group in params["ft_in"].unpack())
+    return nc, ncar
 
 
 def hi_kind(eqn) -> str | None:

@@ -19,7 +19,7 @@ import jax.extend as jex
 from jax.ad_checkpoint import checkpoint_name
 
 from autoremat._errors import PlanMismatchError
-from autoremat.graph._interpret import eval_eqn
+from autoremat.graph._interpret import eval_eqn, scan_counts
 from autoremat.graph._trace import Traced, merge_static, split_static, trace
 from autoremat.runtime._plan import Plan, Region, ScanPlan, checkpoint_names
 
@@ -145,10 +145,7 @@ class _Evaluator:
 def _run_scan(eqn, invals, sp: ScanPlan, plan: Plan, oid: str):
     """Re-issues a scan with its body evaluated under a checkpoint with named values."""
     p = eqn.params
-    if "num_consts" in p:
-        nc, ncar = p["num_consts"], p["num_carry"]
-    else:  # jax >= 0.11: ft_in is a FlatTree of the (consts, carry, xs) inputs
-        nc, ncar, _ = (len(group) for group in p["ft_in"].unpack())
+    nc, ncar = scan_counts(p)
     body = p["jaxpr"]
     bj, bconsts = body.jaxpr, body.consts
     consts, init, xs = invals[:nc], invals[nc:nc + ncar], invals[nc + ncar:]
