@@ -100,7 +100,8 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
     say(f"traced {len(traced.jaxpr.eqns)} equations; graph built in {time.perf_counter() - t0:.1f}s "
         f"(profile {profile.name})")
     t1 = time.perf_counter()
-    model = build_chain_model(g, offload=offload)
+    block_cache: dict = {}  # shared by every chain model built below
+    model = build_chain_model(g, offload=offload, block_cache=block_cache)
     say(f"{len(model.blocks)} blocks, {sum(len(v) for v in model.problem.options.values())} region options "
         f"({time.perf_counter() - t1:.1f}s)")
 
@@ -125,7 +126,7 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
             scale = (baseline_peak - model.base_bytes) / (predicted_none - model.base_bytes)
             scale = min(1.5, max(0.3, scale))
             if abs(scale - 1.0) > 0.03:
-                model = build_chain_model(g, offload=offload, none_scale=scale)
+                model = build_chain_model(g, offload=offload, none_scale=scale, block_cache=block_cache)
                 say(f"calibrated the residual model to the compiled step (x{scale:.2f})")
 
     # What a compiled peak must not exceed: the budget, less a safety margin off the CPU.
@@ -199,7 +200,7 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
     # built-in policies per block), cheapest estimated time first, the all-recompute ones
     # (regions of 1-4 blocks, as layers span several blocks) always included; then the same with blocks cut the other way (activations closing
     # their layer rather than opening the next).
-    for variant, m in _variants(g, model, offload, say):
+    for variant, m in _variants(g, model, offload, say, block_cache):
         if m is not model:
             model = m
             try:
@@ -235,11 +236,12 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
         budget=budget_bytes, lowest=lowest)
 
 
-def _variants(g, model: ChainModel, offload: bool, say):
+def _variants(g, model: ChainModel, offload: bool, say, block_cache: dict):
     """The model as built, then the model with blocks merged the other way (built lazily)."""
     yield "next", model
     say("rebuilding the chain with activations closing their layer")
-    yield "prev", build_chain_model(g, offload=offload, none_scale=model.none_scale, merge="prev")
+    yield "prev", build_chain_model(g, offload=offload, none_scale=model.none_scale, merge="prev",
+                                    block_cache=block_cache)
 
 
 def _all_none(model: ChainModel):

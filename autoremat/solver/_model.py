@@ -471,10 +471,14 @@ def _solve_block_options(g, ops, produced, residuals, caps, method, time_limit):
 def build_chain_model(g: Graph, *, offload: bool = True, max_region_blocks: int | None = None,
                       caps: Sequence[float] = DEFAULT_CAPS, region_method: str = "cpsat",
                       region_time_limit: float | None = 2.0, max_blocks: int = 160,
-                      none_scale: float = 1.0, merge: str = "next") -> ChainModel:
+                      none_scale: float = 1.0, merge: str = "next",
+                      block_cache: dict | None = None) -> ChainModel:
     """Builds the chain problem of a graph (see the module docstring).
 
     Args:
+      block_cache: per-block candidate saved sets by structural signature; pass the same
+        dict to several builds of one graph (recalibration, the other block variant) so the
+        region solves are not repeated.
       none_scale: calibration of what un-checkpointed regions keep.  JAX's linearization
         lists every residual, but XLA fuses cheap elementwise residuals into the backward
         pass and never stores them; `optimize` measures the compiled un-optimized peak and
@@ -486,7 +490,7 @@ def build_chain_model(g: Graph, *, offload: bool = True, max_region_blocks: int 
     base = sum(g.values[v].nbytes for v in g.inputs)
     base += sum(g.values[v].nbytes for v in g.inputs if g.values[v].differentiable)
     base += sum(g.values[v].nbytes for v in g.outputs)
-    cache: dict = {}
+    cache: dict = {} if block_cache is None else block_cache
     data = [_block_data(g, b, caps, region_method, region_time_limit, cache) for b in blocks]
     nb = len(blocks)
     if max_region_blocks is None:
