@@ -28,7 +28,7 @@ from autoremat._errors import BudgetError, InfeasibleBudgetError
 from autoremat.graph._graph import graph_from_traced
 from autoremat.graph._profiles import detect_profile, get_profile
 from autoremat.graph._trace import split_static, trace
-from autoremat.runtime._apply import apply, check_plan_matches, evaluate_plan
+from autoremat.runtime._apply import apply, evaluate_plan
 from autoremat.runtime._plan import Plan
 from autoremat.runtime._validate import ValidationReport, compiled_stats, validate
 from autoremat.solver._budget import format_bytes, parse_budget

@@ -20,7 +20,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from autoremat._errors import PlanMismatchError
 from autoremat.graph._interpret import eval_eqn, scan_counts
-from autoremat.graph._trace import Traced, merge_static, split_static, trace
+from autoremat.graph._trace import Traced, split_static, trace
 from autoremat.runtime._plan import Plan, Region, ScanPlan, checkpoint_names
 
 # Inside a scan the loop already keeps XLA from CSE-ing recomputation into the forward pass

@@ -41,11 +41,6 @@ OFFLOAD_OVERLAP = 0.5
 # Equations that make a block worth being a block of its own.
 HEAVY_PRIMITIVES = frozenset({"dot_general", "conv_general_dilated", "scan", "while", "cond",
                               "custom_vjp_call", "custom_jvp_call", "custom_vjp_call_jaxpr"})
-# A cut is kept if its crossing bytes are within this factor of the interior minimum.  Off
-# (infinite) by default: with the XLA:CPU flag fixed and the fusion-aware residual model,
-# finer blocks let the DP place regions better (convnet: lowest compiled peak 12.2 -> 10.1
-# MiB); merging light blocks already keeps layer norms out of region boundaries.
-CUT_SLACK = float("inf")
 # Backward workspace of a region, in units of its largest internal value (see build_chain_model).
 WORKSPACE_FACTOR = 2
 
@@ -124,16 +119,10 @@ def find_blocks(g: Graph, *, max_blocks: int = 160, merge: str = "next") -> tupl
     for p in range(1, n):
         if cross[p] <= cross[p - 1] and cross[p] <= cross[p + 1]:
             cuts.add(p)
+    # Every local minimum is kept (a filter keeping only cuts near the smallest interior
+    # crossing hurt the U-Net, whose skip tensors cross its decoder stages: lowest compiled
+    # peak 10.1 MiB without it, 12.2 MiB with it); light blocks are merged below instead.
     cuts = sorted(c for c in cuts if 0 < c < n)
-    # Prefer cuts at the residual stream: crossing bytes close to the smallest crossing of a
-    # local minimum in the interior.  Cuts inside a layer (attention scores, MLP hidden)
-    # force large values to be saved as region inputs and keep XLA from fusing across them.
-    interior = [cross[c] for c in cuts if c not in forced and n // 10 <= c <= n - n // 10]
-    if interior:
-        floor = min(interior)
-        coarse = [c for c in cuts if c in forced or cross[c] <= CUT_SLACK * floor]
-        if len(coarse) >= min(4, len(cuts)):
-            cuts = coarse
     # Thin out cuts so that there are at most max_blocks blocks: keep forced cuts, then walk
     # left to right keeping a cut once the current block has at least min_ops equations.
     min_ops = max(1, math.ceil(n / max_blocks))
@@ -192,7 +181,6 @@ class ChainModel:
     cross: list[int]
     base_bytes: int
     data: list[_BlockData] = field(repr=False, default_factory=list)
-    scan_options: dict = field(repr=False, default_factory=dict)
     none_scale: float = 1.0
     raw_options: dict = field(repr=False, default_factory=dict)
 
@@ -486,7 +474,6 @@ def build_chain_model(g: Graph, *, offload: bool = True, max_region_blocks: int 
     """
     blocks = find_blocks(g, max_blocks=max_blocks, merge=merge)
     cross = crossing_bytes(g)
-    t = g.traced
     base = sum(g.values[v].nbytes for v in g.inputs)
     base += sum(g.values[v].nbytes for v in g.inputs if g.values[v].differentiable)
     base += sum(g.values[v].nbytes for v in g.outputs)
@@ -497,7 +484,6 @@ def build_chain_model(g: Graph, *, offload: bool = True, max_region_blocks: int 
         max_region_blocks = max(1, min(nb, max(8, int(2 * math.sqrt(nb)) + 2)))
     host_bw = g.profile.host_bandwidth
     options: dict[tuple[int, int], tuple[Option, ...]] = {}
-    scan_options = {}
     closure_cache: dict = {}
     raw_options: dict[tuple[int, int], tuple[Option, ...]] = {}
     nbytes = lambda vs: sum(g.values[v].nbytes for v in vs)  # noqa: E731
@@ -551,7 +537,7 @@ def build_chain_model(g: Graph, *, offload: bool = True, max_region_blocks: int 
             raw_options[(i, j)] = tuple(opts)
             options[(i, j)] = _dedupe(opts)
     problem = ChainProblem(nb, int(base), options, tuple(f"{b.start}-{b.stop}" for b in blocks))
-    return ChainModel(g, blocks, problem, cross, int(base), data, scan_options, none_scale, raw_options)
+    return ChainModel(g, blocks, problem, cross, int(base), data, none_scale, raw_options)
 
 
 def _dedupe(opts: list[Option]) -> tuple[Option, ...]:
