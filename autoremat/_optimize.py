@@ -43,6 +43,16 @@ AUTO_MARGIN = 0.9  # budget="auto": this fraction of the device's memory
 # algorithms bring their own workspace): measured on an H100, a plan compiled at <= 45.8 MiB
 # compiled at 46.3 MiB the next time.  Plans must fit this fraction below the budget there.
 ACCELERATOR_SAFETY = 0.02
+# When a compiled plan leaves more than RAISE_SLACK of the budget unused (the model
+# over-predicted), the solver is asked again with the target raised by the unused part; if
+# that overshoots, the target is bisected between the last fitting and the overshooting one
+# (at most MAX_RAISES extra compiles in all).
+RAISE_SLACK = 0.02
+MAX_RAISES = 4
+# After the solver's plan, at most MAX_UNIFORM_CHECKS faster uniform plans predicted within
+# UNIFORM_REACH x the budget are compiled in case the model over-predicted them.
+MAX_UNIFORM_CHECKS = 3
+UNIFORM_REACH = 1.3
 # Compiled peaks of plans already compiled in this process: (function signature, segments) -> bytes.
 _COMPILED: dict = {}
 
@@ -166,10 +176,16 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
         plan = _with(plan, meta={**plan.meta, "compiled_peak": compiled, "rounds": history, "found_by": how})
         return _Planned(plan, traced, model, baseline_peak, history)
 
-    for rnd in range(max_rounds):
+    best = None  # (estimated extra time, segments, result, round) of the best fitting plan
+    raised, fit_target, over_target = 0, 0, None
+    for rnd in range(max_rounds + MAX_RAISES):
+        if rnd >= max_rounds + raised:
+            break
         try:
             result = solve(model.problem, target, method=solver, time_limit=time_limit)
         except InfeasibleBudgetError as e:
+            if best is not None:
+                break
             if rnd == 0 and not validate:
                 raise InfeasibleBudgetError(
                     f"budget {format_bytes(budget_bytes)} is below the lowest peak autoremat can reach for "
@@ -190,44 +206,77 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
         say(f"round {rnd + 1}: compiled peak {format_bytes(compiled)} "
             f"({'fits' if compiled <= limit else 'over budget'})")
         if compiled <= limit:
-            return accept(result.segments, result, f"solver round {rnd + 1}")
+            if best is None or result.objective < best[0]:
+                best = (result.objective, result.segments, result, rnd + 1)
+            # The model over-predicted: the compiled plan leaves memory unused.  Ask the
+            # solver for a plan predicted up to that much higher (a few times at most);
+            # the fastest plan that compiles within the budget wins.
+            slack = limit - compiled
+            fit_target = max(fit_target, target)
+            if raised >= MAX_RAISES or slack <= RAISE_SLACK * limit or result.objective <= 0:
+                break
+            nxt = target + slack if over_target is None else (fit_target + over_target) // 2
+            if nxt <= target or (over_target is not None and over_target - fit_target <= RAISE_SLACK * limit):
+                break
+            raised += 1
+            target = nxt
+            continue
+        if best is not None:
+            # A raised target overshot: bisect between the highest target that fitted and it.
+            over_target = target if over_target is None else min(over_target, target)
+            if raised >= MAX_RAISES or over_target - fit_target <= RAISE_SLACK * limit:
+                break
+            raised += 1
+            target = (fit_target + over_target) // 2
+            continue
         # The model under-predicted by (compiled - predicted): ask the solver for that much less.
         target = target - (compiled - limit) - max(1, budget_bytes // 200)
         if target <= 0:
             break
-    # The model and XLA disagree here.  Fall back on compile-verified candidates: every
-    # option kind applied uniformly per block and per pair of blocks (this covers JAX's
-    # built-in policies per block), cheapest estimated time first, the all-recompute ones
-    # (regions of 1-4 blocks, as layers span several blocks) always included; then the same with blocks cut the other way (activations closing
-    # their layer rather than opening the next).
+    if best is not None:
+        # Uniform plans (one option kind per block: JAX's built-in policies per block in the
+        # model's terms) that the model says are faster but over budget may still fit: the
+        # model over-predicts plans that save much.  Compile the most promising few.
+        tries = 0
+        for extra, kind, size, segs in _uniform_candidates(model):
+            if tries >= MAX_UNIFORM_CHECKS or extra >= best[0]:
+                break
+            if evaluate(model.raw_problem, segs)[0] > UNIFORM_REACH * budget_bytes:
+                continue
+            tries += 1
+            if compile_peak(segs) <= limit:
+                say(f"uniform {kind} over {size} block(s) is faster and compiles within the budget")
+                return accept(segs, None, f"uniform {kind} x{size}, blocks merged next")
+        return accept(best[1], best[2], f"solver round {best[3]}")
+    # The model and XLA disagree here.  Fall back on compile-verified candidates, for each
+    # way of cutting the chain into blocks (activations opening the next layer, closing
+    # their layer, no merging at all): the solver's plan for the budget; every option kind
+    # applied uniformly per block and per pair of blocks (this covers JAX's built-in
+    # policies per block), cheapest estimated time first, with the all-recompute ones over
+    # 1-4 blocks always included (not for unmerged blocks, which are too small to be
+    # layers); and the plan of lowest predicted peak.
     for variant, m in _variants(g, model, offload, say, block_cache):
         if m is not model:
             model = m
             try:
-                result = solve(model.problem, target if variant == "next" else budget_bytes, method=solver,
-                               time_limit=time_limit)
+                result = solve(model.problem, budget_bytes, method=solver, time_limit=time_limit)
                 if compile_peak(result.segments) <= limit:
                     return accept(result.segments, result, f"solver, blocks merged {variant}")
             except InfeasibleBudgetError:
                 pass
-        cands = []
-        for kind in model.option_kinds():
-            for size in (1, 2, 3, 4):
-                segs = model.uniform(kind, size)
-                if segs is not None and (size <= 2 or kind.endswith("recompute")):
-                    cands.append((evaluate(model.raw_problem, segs)[1], kind, size, segs))
-        cands.sort(key=lambda c: c[0])
-        chosen = cands[:max_candidates] + [c for c in cands[max_candidates:] if c[1].endswith("recompute")]
-        say(f"the model and XLA disagree; trying {len(chosen)} compile-verified uniform plans (blocks merged "
-            f"{variant})")
-        for extra, kind, size, segs in chosen:
-            peak = compile_peak(segs)
-            if peak <= limit:
-                say(f"uniform {kind} over {size} block(s): compiled {format_bytes(peak)} fits")
-                return accept(segs, None, f"uniform {kind} x{size}, blocks merged {variant}")
-    low = lowest_peak_segments(model.problem)
-    if compile_peak(low) <= limit:
-        return accept(low, None, "lowest predicted peak")
+        if variant != "none":
+            cands = _uniform_candidates(model)
+            chosen = cands[:max_candidates] + [c for c in cands[max_candidates:] if c[1].endswith("recompute")]
+            say(f"the model and XLA disagree; trying {len(chosen)} compile-verified uniform plans (blocks merged "
+                f"{variant})")
+            for extra, kind, size, segs in chosen:
+                peak = compile_peak(segs)
+                if peak <= limit:
+                    say(f"uniform {kind} over {size} block(s): compiled {format_bytes(peak)} fits")
+                    return accept(segs, None, f"uniform {kind} x{size}, blocks merged {variant}")
+        low = lowest_peak_segments(model.problem)
+        if compile_peak(low) <= limit:
+            return accept(low, None, f"lowest predicted peak, blocks merged {variant}")
     lowest = min(tried.values())
     raise InfeasibleBudgetError(
         f"budget {format_bytes(budget_bytes)} is below what autoremat could reach for {meta['function']}: the "
@@ -237,11 +286,29 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
 
 
 def _variants(g, model: ChainModel, offload: bool, say, block_cache: dict):
-    """The model as built, then the model with blocks merged the other way (built lazily)."""
+    """The model as built, then the model with blocks merged the other way, then with no
+    blocks merged at all (finer regions: the U-Net's stages need cuts of both kinds);
+    built lazily."""
     yield "next", model
     say("rebuilding the chain with activations closing their layer")
     yield "prev", build_chain_model(g, offload=offload, none_scale=model.none_scale, merge="prev",
                                     block_cache=block_cache)
+    say("rebuilding the chain with every cut kept")
+    yield "none", build_chain_model(g, offload=offload, none_scale=model.none_scale, merge="none",
+                                    block_cache=block_cache)
+
+
+def _uniform_candidates(model: ChainModel) -> list:
+    """(estimated extra time, kind, size, segments) of uniform plans, fastest first: every
+    option kind per block and per pair of blocks, all-recompute also over 3 and 4 blocks."""
+    cands = []
+    for kind in model.option_kinds():
+        for size in (1, 2, 3, 4):
+            segs = model.uniform(kind, size)
+            if segs is not None and (size <= 2 or kind.endswith("recompute")):
+                cands.append((evaluate(model.raw_problem, segs)[1], kind, size, segs))
+    cands.sort(key=lambda c: c[0])
+    return cands
 
 
 def _all_none(model: ChainModel):

@@ -126,15 +126,34 @@ def test_validate_false_warns_loudly(mlp):
 
 
 def test_compile_and_correct_loop_when_the_model_is_off(mlp, monkeypatch):
-    """With the backward workspace dropped and no calibration, the model under-predicts;
+    """With the backward pass's live bytes dropped from the model, it under-predicts;
     optimize must notice it by compiling and still return a plan that fits."""
     loss, ws, x, base = mlp
-    monkeypatch.setattr(_model, "WORKSPACE_FACTOR", 0)
+    monkeypatch.setattr(_model._BackwardProfile, "peak", lambda self, a, b, values, **kw: 0)
     budget = int(0.7 * base)
     planned = _optimize.plan_for(loss, budget, (ws, x))
     history = planned.history
     assert history and history[0]["compiled"] > history[0]["predicted"]  # the first model was off
     assert planned.plan.meta["compiled_peak"] <= budget
+    g = jax.grad(autoremat.apply(loss, planned.plan))(ws, x)
+    assert _max_rel(jax.grad(loss)(ws, x), g) <= 1e-6
+
+
+def test_over_prediction_raises_the_target(mlp, monkeypatch):
+    """With the backward pass's live bytes x1.15, the model over-predicts: the first
+    compiled plan leaves budget unused, optimize asks the solver again with a higher target
+    and keeps the fastest plan that compiles within the budget."""
+    loss, ws, x, base = mlp
+    real_peak = _model._BackwardProfile.peak
+    monkeypatch.setattr(_model._BackwardProfile, "peak",
+                        lambda self, a, b, values, **kw: int(1.15 * real_peak(self, a, b, values, **kw)))
+    budget = int(0.85 * base)
+    planned = _optimize.plan_for(loss, budget, (ws, x))
+    history = planned.history
+    assert len(history) >= 2 and history[1]["target"] > history[0]["target"]
+    assert planned.plan.meta["compiled_peak"] <= budget
+    fitting = [h for h in history if h["compiled"] <= budget]
+    assert planned.plan.meta["compiled_peak"] in [h["compiled"] for h in fitting]
     g = jax.grad(autoremat.apply(loss, planned.plan))(ws, x)
     assert _max_rel(jax.grad(loss)(ws, x), g) <= 1e-6
 

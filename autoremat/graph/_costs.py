@@ -321,6 +321,10 @@ _TRANSCENDENTAL = (
     "polygamma", "igamma", "igammac", "igamma_grad_a", "random_gamma_grad",
     "bessel_i0e", "bessel_i1e", "regularized_incomplete_beta", "zeta",
 )  # fmt: skip
+# Primitives XLA fuses into their consumers (elementwise work and free layout changes).
+FUSIBLE_PRIMITIVES = frozenset(set(_ELEMENTWISE) | set(_TRANSCENDENTAL) | {
+    "integer_pow", "reshape", "broadcast_in_dim", "convert_element_type", "squeeze", "expand_dims",
+    "copy", "name", "stop_gradient", "select_n", "iota"})
 _REDUCTIONS = (
     "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or",
     "reduce_xor", "argmax", "argmin", "cumsum", "cumprod", "cummax",

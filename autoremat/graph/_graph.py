@@ -278,6 +278,8 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
                   if k in eqn.params and isinstance(eqn.params[k], (int, bool, str))}
         if eqn.primitive.name == "scan":
             params["num_consts"], params["num_carry"] = scan_counts(eqn.params)
+        if eqn.primitive.name.startswith("custom_") and _elementwise_body(eqn):
+            params["elementwise"] = True
         ops[oid] = OpInfo(
             id=oid, index=idx, primitive=primitive_label(eqn),
             inputs=tuple(x for x in in_ids if x is not None), outputs=tuple(out_ids), cost=cost,
@@ -315,6 +317,27 @@ def _grad_live_eqns(jaxpr, live_out: list[bool] | None) -> list[bool]:
 def _replace(v: ValueInfo, **kw) -> ValueInfo:
     from dataclasses import replace
     return replace(v, **kw)
+
+
+def _elementwise_body(eqn) -> bool:
+    """Whether a custom_jvp/custom_vjp call's primal body is fusible elementwise work only."""
+    from autoremat.graph._costs import FUSIBLE_PRIMITIVES
+
+    body = eqn.params.get("call_jaxpr", eqn.params.get("fun_jaxpr"))
+    inner = getattr(body, "jaxpr", body)
+    eqns = getattr(inner, "eqns", None)
+    if not eqns:
+        return False
+    return all(e.primitive.name in FUSIBLE_PRIMITIVES or (e.primitive.name in ("pjit", "jit", "closed_call")
+               and _elementwise_body_of(e)) for e in eqns)
+
+
+def _elementwise_body_of(eqn) -> bool:
+    inner = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+    inner = getattr(inner, "jaxpr", inner)
+    from autoremat.graph._costs import FUSIBLE_PRIMITIVES
+
+    return bool(getattr(inner, "eqns", None)) and all(e.primitive.name in FUSIBLE_PRIMITIVES for e in inner.eqns)
 
 
 def _bodies(eqn, oid, prof, in_d, in_div, multiplicity) -> tuple[Graph, ...]:

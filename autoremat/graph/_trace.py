@@ -49,6 +49,24 @@ class Traced:
     argnums: tuple[int, ...] = (0,)
     static_argnums: tuple[int, ...] = ()
     has_aux: bool = False
+    fn_code: tuple[str, int] | None = None  # (file, first line) of the traced function's code
+
+    def user_lines(self) -> list[int | None]:
+        """Per top-level equation, the line of the traced function that issued it (None when
+        the function's frame is not in the equation's traceback, or its code is unknown)."""
+        if self.fn_code is None:
+            return [None] * len(self.jaxpr.eqns)
+        file, first = self.fn_code
+        out = []
+        for eqn in self.jaxpr.eqns:
+            line = None
+            tb = getattr(eqn.source_info, "traceback", None)
+            for fr in (getattr(tb, "frames", None) or ()):
+                if fr.file_name == file and fr.function_start_line == first:
+                    line = fr.line_num
+                    break
+            out.append(line)
+        return out
 
     @property
     def jaxpr(self):
@@ -165,7 +183,27 @@ def trace(fn, args: Sequence[Any], kwargs: dict | None = None, *, argnums=0,
         closed = _inline(closed, in_avals)
     return Traced(closed, in_tree, out_tree, tuple(v.aval for v in closed.jaxpr.invars),
                   tuple(names), tuple(diff_mask), structure_fingerprint(closed.jaxpr),
-                  tuple(getattr(x, "sharding", None) for x in leaves), argnums, tuple(static_argnums), has_aux)
+                  tuple(getattr(x, "sharding", None) for x in leaves), argnums, tuple(static_argnums), has_aux,
+                  _code_of(fn))
+
+
+def _code_of(fn) -> tuple[str, int] | None:
+    """(file, first line) of the Python function behind `fn` (partials, wrappers, callables)."""
+    for _ in range(8):
+        code = getattr(fn, "__code__", None)
+        if code is not None:
+            return code.co_filename, code.co_firstlineno
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+        elif hasattr(fn, "__wrapped__"):
+            fn = fn.__wrapped__
+        elif hasattr(fn, "__func__"):
+            fn = fn.__func__
+        elif callable(fn) and hasattr(type(fn), "__call__") and hasattr(type(fn).__call__, "__code__"):
+            fn = type(fn).__call__
+        else:
+            return None
+    return None
 
 
 def _inline(closed, in_avals):

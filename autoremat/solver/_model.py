@@ -23,7 +23,10 @@ memory caps; repeated layers share one solve through a structural signature.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+
+import numpy as np
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -36,6 +39,8 @@ __all__ = ["Block", "ChainModel", "build_chain_model", "find_blocks", "crossing_
 
 # Fractions of a block's residual bytes at which the region solver is asked for a saved set.
 DEFAULT_CAPS = (0.0, 0.1, 0.25, 0.4, 0.6, 0.8, 1.0)
+# ... and for a scan body (one solve serves every iteration).
+SCAN_CAPS = tuple(round(0.05 * k, 2) for k in range(21))
 # Fraction of a region's forward + backward compute time that can hide host transfers.
 OFFLOAD_OVERLAP = 0.5
 # Equations that make a block worth being a block of its own.
@@ -104,8 +109,8 @@ def find_blocks(g: Graph, *, max_blocks: int = 160, merge: str = "next") -> tupl
         open the next block); "prev" ends it at the last cut before the next heavy equation
         (activations close their layer, as hand-written per-layer checkpoints do).
     """
-    if merge not in ("next", "prev"):
-        raise ValueError(f"merge must be 'next' or 'prev', got {merge!r}")
+    if merge not in ("next", "prev", "none"):
+        raise ValueError(f"merge must be 'next', 'prev' or 'none', got {merge!r}")
     ops = list(g.ops.values())
     n = len(ops)
     if n == 0:
@@ -119,6 +124,14 @@ def find_blocks(g: Graph, *, max_blocks: int = 160, merge: str = "next") -> tupl
     for p in range(1, n):
         if cross[p] <= cross[p - 1] and cross[p] <= cross[p + 1]:
             cuts.add(p)
+    # Where the traced function moves to its next line (`x = stage(x)`, then `out = head(x)`),
+    # a user-level call ends: a boundary hand-written checkpoints would use, even where skip
+    # connections keep the crossing bytes from being a local minimum (the U-Net's decoder).
+    if g.traced is not None and len(g.traced.jaxpr.eqns) == n:
+        lines = g.traced.user_lines()
+        for p in range(1, n):
+            if lines[p] is not None and lines[p - 1] is not None and lines[p] != lines[p - 1]:
+                cuts.add(p)
     # Every local minimum is kept (a filter keeping only cuts near the smallest interior
     # crossing hurt the U-Net, whose skip tensors cross its decoder stages: lowest compiled
     # peak 10.1 MiB without it, 12.2 MiB with it); light blocks are merged below instead.
@@ -139,7 +152,9 @@ def find_blocks(g: Graph, *, max_blocks: int = 160, merge: str = "next") -> tupl
     merged = [0]
     for k in range(1, len(bounds) - 1):
         a, b = merged[-1], bounds[k]
-        if merge == "prev" and bounds[k] not in forced:
+        if merge == "none":
+            keep = True
+        elif merge == "prev" and bounds[k] not in forced:
             # ... and the first cut of a heavy-free tail (the loss stays its own block).
             keep = any(heavy[a:b]) and (any(heavy[b:bounds[k + 1]]) or not any(heavy[b:n]))
         else:
@@ -336,10 +351,49 @@ def _closure(g: Graph, ops: Sequence[str], saved: frozenset[str], need_outputs: 
 
 # Primitives XLA fuses into their consumers: a residual they produce is recomputed inside the
 # backward pass's fusions from their inputs rather than stored.
-FUSIBLE = frozenset(set(_costs._ELEMENTWISE) | set(_costs._TRANSCENDENTAL) | {
-    "integer_pow", "reshape", "broadcast_in_dim", "convert_element_type", "squeeze", "expand_dims",
-    "copy", "name", "stop_gradient", "select_n", "iota"})
+FUSIBLE = _costs.FUSIBLE_PRIMITIVES
+
+
+def _fusible(op: OpInfo) -> bool:
+    """A fusible primitive, or a custom_jvp/custom_vjp call whose body is (jax.nn.relu)."""
+    return op.primitive in FUSIBLE or bool(op.params.get("elementwise"))
+
+
 FUSION_DEPTH = 12
+
+
+def recompute_times(g: Graph) -> dict[str, float]:
+    """Seconds to re-run each equation of `g` in the backward pass, fusion-aware.
+
+    The roofline `op.time` charges every elementwise equation a full read and write of its
+    arrays, as if it ran alone.  Recomputed elementwise work runs inside XLA fusions instead:
+    values passed between fusible equations never reach memory and the fusion's result is
+    consumed by the backward fusion that needs it.  A fusible equation is therefore charged
+    its arithmetic and the reads of inputs that come from memory (values produced by
+    non-fusible equations, or function inputs); other equations keep their roofline time.
+    Without this, recomputing a GELU (eight elementwise equations) looked almost as
+    expensive as recomputing the matmul before it, and the solver saved activations and
+    recomputed matmuls, the opposite of what `dots_saveable` does and of what is fast.
+    """
+    cached = g.__dict__.get("_recompute_times")
+    if cached is not None:
+        return cached
+    prof = g.profile
+    out: dict[str, float] = {}
+    for op in g.ops.values():
+        if not _fusible(op):
+            out[op.id] = op.time
+            continue
+        read = 0
+        for v in op.inputs:
+            prod = g.values[v].producer
+            if prod is None or not _fusible(g.ops[prod]):
+                read += g.values[v].nbytes
+        dtype = str(g.values[op.outputs[0]].dtype) if op.outputs else "float32"
+        out[op.id] = max(op.cost.flops / prof.flops_rate(dtype), read / prof.memory_bandwidth,
+                         op.cost.transcendentals / prof.transcendental_rate)
+    g.__dict__["_recompute_times"] = out
+    return out
 
 
 def stored_residuals(g: Graph, ops: Sequence[OpInfo]) -> tuple[frozenset[str], int]:
@@ -362,7 +416,7 @@ def stored_residuals(g: Graph, ops: Sequence[OpInfo]) -> tuple[frozenset[str], i
         if prod is None:
             return  # a function input: counted in the base already
         op = g.ops.get(prod)
-        if op is not None and prod in local and op.primitive in FUSIBLE and depth < FUSION_DEPTH:
+        if op is not None and prod in local and _fusible(op) and depth < FUSION_DEPTH:
             for u in op.inputs:
                 keep(u, depth + 1)
         else:
@@ -370,12 +424,12 @@ def stored_residuals(g: Graph, ops: Sequence[OpInfo]) -> tuple[frozenset[str], i
 
     for op in ops:
         for v in op.residual_inputs + op.residual_outputs:
-            if op.primitive in FUSIBLE:
+            if _fusible(op):
                 keep(v, 0)  # read by elementwise backward work: fused, recomputed
             elif g.values[v].producer is not None:
                 out.add(v)  # read by a matmul/conv/reduction backward: stored as is
         if op.extra_residual_bytes:
-            if op.primitive in FUSIBLE:
+            if _fusible(op):
                 for u in op.inputs:
                     keep(u, 1)
             else:
@@ -417,7 +471,7 @@ def _region_problem(g: Graph, ops: Sequence[OpInfo], produced, residuals):
         value_bytes={v: g.values[v].nbytes for v in produced},
         producer={v: g.values[v].producer for v in produced},
         op_inputs={op.id: tuple(u for u in op.inputs if u in produced) for op in ops},
-        op_time={op.id: op.time for op in ops},
+        op_time={op.id: recompute_times(g)[op.id] for op in ops},
         op_flops={op.id: float(op.cost.flops) for op in ops},
         needed=frozenset(v for v in residuals if v in produced),
         needed_ops=frozenset(op.id for op in ops if op.extra_residual_bytes),
@@ -456,6 +510,76 @@ def _solve_block_options(g, ops, produced, residuals, caps, method, time_limit):
 
 # -- the chain problem ----------------------------------------------------------------
 
+class _BackwardProfile:
+    """Live bytes while a region's backward runs, equation by equation.
+
+    The backward of a region visits its equations in reverse.  When it reaches equation
+    `k`, the residuals of equations after `k` have been consumed and freed; still live are
+    the residuals produced at or before `k`, the cotangents of values produced at or
+    before `k` that are used after the region (they arrived at its output boundary, or
+    earlier for values crossing the whole region: skip connections), and equation `k`'s
+    own cotangents (of its outputs and of its differentiable inputs; none for elementwise
+    equations, whose backward is fused).  The region's backward peak is the largest of
+    these over its equations.
+    """
+
+    def __init__(self, g: Graph):
+        ops = list(g.ops.values())
+        self.pos = {op.id: i for i, op in enumerate(ops)}
+        n = len(ops)
+        last_use: dict[str, int] = {}
+        for i, op in enumerate(ops):
+            for v in op.inputs:
+                last_use[v] = i
+        for v in g.outputs:
+            last_use[v] = n
+        prod, last, nb = [], [], []
+        for vid, info in g.values.items():
+            if info.producer is None or info.producer not in self.pos or not info.differentiable:
+                continue
+            prod.append(self.pos[info.producer])
+            last.append(last_use.get(vid, -1))
+            nb.append(info.nbytes)
+        self.prod = np.asarray(prod, dtype=np.int64)
+        self.last = np.asarray(last, dtype=np.int64)
+        self.nbytes = np.asarray(nb, dtype=np.float64)
+        local = np.zeros(n)
+        for i, op in enumerate(ops):
+            if _fusible(op):
+                continue  # its cotangents are computed inside a backward fusion
+            vs = {v for v in op.outputs + op.inputs if g.values[v].differentiable}
+            local[i] = sum(g.values[v].nbytes for v in vs)
+        self.local = local
+        self.extra = np.asarray([op.extra_residual_bytes for op in ops], dtype=np.float64)
+        self.g = g
+
+    def crossing_cotangents(self, a: int, b: int) -> np.ndarray:
+        """Per equation k in [a, b): bytes of cotangents live from outside the region."""
+        out = (self.last >= b) & (self.prod < b)
+        through = float(self.nbytes[out & (self.prod < a)].sum())
+        m = out & (self.prod >= a)
+        inner = np.bincount(self.prod[m] - a, weights=self.nbytes[m], minlength=b - a)
+        return through + np.cumsum(inner)
+
+    def residual_prefix(self, a: int, b: int, values, extra: bool) -> np.ndarray:
+        """Per equation k in [a, b): bytes of `values` produced in [a, k] (+ extras of [a, k])."""
+        acc = np.zeros(b - a)
+        for v in values:
+            p = self.pos.get(self.g.values[v].producer)
+            if p is not None and a <= p < b:
+                acc[p - a] += self.g.values[v].nbytes
+        if extra:
+            acc += self.extra[a:b]
+        return np.cumsum(acc)
+
+    def peak(self, a: int, b: int, values, *, scale: float = 1.0, extra: bool = True) -> int:
+        """Largest live bytes over the region's backward: `scale` x residual prefix + cotangents."""
+        if b <= a:
+            return 0
+        live = scale * self.residual_prefix(a, b, values, extra) + self.crossing_cotangents(a, b) + self.local[a:b]
+        return int(live.max())
+
+
 def build_chain_model(g: Graph, *, offload: bool = True, max_region_blocks: int | None = None,
                       caps: Sequence[float] = DEFAULT_CAPS, region_method: str = "cpsat",
                       region_time_limit: float | None = 2.0, max_blocks: int = 160,
@@ -487,11 +611,13 @@ def build_chain_model(g: Graph, *, offload: bool = True, max_region_blocks: int 
     closure_cache: dict = {}
     raw_options: dict[tuple[int, int], tuple[Option, ...]] = {}
     nbytes = lambda vs: sum(g.values[v].nbytes for v in vs)  # noqa: E731
+    profile = _BackwardProfile(g)
 
     for i in range(nb):
         if blocks[i].kind == "scan":
-            options[(i, i + 1)] = raw_options[(i, i + 1)] = _scan_options(
+            raw_options[(i, i + 1)] = _scan_options(
                 g, blocks[i], data[i], cross, caps, region_method, region_time_limit, offload, host_bw, none_scale)
+            options[(i, i + 1)] = _dedupe(list(raw_options[(i, i + 1)]))
             continue
         res_union: set[str] = set()
         ext = 0
@@ -510,12 +636,14 @@ def build_chain_model(g: Graph, *, offload: bool = True, max_region_blocks: int 
             produced |= d.produced
             fwd_time += d.time
             largest = max(largest, data[k].largest)
-            # Cotangent at the output boundary plus the backward's workspace: the cotangents
-            # of the largest internal value and of its producer's input (WORKSPACE_FACTOR).
-            cot = cross[blocks[k].stop] + WORKSPACE_FACTOR * largest
+            a, b = blocks[i].start, blocks[k].stop
             opts = []
             stored_none = int(none_scale * (nbytes(res_union) + ext))
-            opts.append(Option("none", stored_none, stored_none + cot, 0.0, 0.0, 0,
+            # Left alone, the region's residuals were stored in the forward pass; its backward
+            # frees them equation by equation.
+            bwd_none = profile.peak(a, b, res_union & produced, scale=none_scale)
+            bwd_none += int(none_scale * nbytes(res_union - produced))
+            opts.append(Option("none", stored_none, max(stored_none, bwd_none), 0.0, 0.0, 0,
                                {"kind": "none"}))
             in_b = nbytes(inputs)
             names = [name for name, _ in data[i].options]
@@ -527,7 +655,9 @@ def build_chain_model(g: Graph, *, offload: bool = True, max_region_blocks: int 
                 saved -= inputs
                 rtime, rflops = _region_recompute(g, blocks, data, i, j, oi, closure_cache)
                 s_b = nbytes(saved)
-                live_bwd = nbytes(inputs | saved | res_union) + ext + cot
+                # Checkpointed: inputs and saved values stay; the rest is recomputed up front
+                # and freed as the backward goes.
+                live_bwd = nbytes(inputs | saved) + profile.peak(a, b, (res_union & produced) - saved)
                 opts.append(Option(f"ckpt:{name}", in_b + s_b, live_bwd, rtime, rflops, 0,
                                    {"kind": "region", "saved": frozenset(saved)}))
                 if offload and s_b > 0:
@@ -536,8 +666,42 @@ def build_chain_model(g: Graph, *, offload: bool = True, max_region_blocks: int 
                                        {"kind": "region", "saved": frozenset(), "offloaded": frozenset(saved)}))
             raw_options[(i, j)] = tuple(opts)
             options[(i, j)] = _dedupe(opts)
+    # Gradient buffers.  XLA's buffer assignment lets activations use the memory of a
+    # gradient output until that gradient is written, which happens in the backward pass of
+    # the parameter's first use (measured: the MLP with nothing saved per layer compiles to
+    # its arguments + gradients + 1.0 MiB although 3.5 MiB of layer inputs are stored).  So a
+    # gradient counts only from the backward of the region holding its first use: while
+    # region [i, j) runs backward, the gradients of parameters first used in block >= i.
+    grads = _gradient_bytes_from(g, blocks)
+    base -= grads[0]
+    options = {k: tuple(dataclasses.replace(o, backward_bytes=o.backward_bytes + grads[k[0]]) for o in v)
+               for k, v in options.items()}
+    raw_options = {k: tuple(dataclasses.replace(o, backward_bytes=o.backward_bytes + grads[k[0]]) for o in v)
+                   for k, v in raw_options.items()}
     problem = ChainProblem(nb, int(base), options, tuple(f"{b.start}-{b.stop}" for b in blocks))
     return ChainModel(g, blocks, problem, cross, int(base), data, none_scale, raw_options)
+
+
+def _gradient_bytes_from(g: Graph, blocks: Sequence[Block]) -> list[int]:
+    """Per block i: bytes of the gradients of differentiated inputs first used in a block >= i
+    (inputs never used count everywhere: their zero gradient may be written at any time)."""
+    block_of = {}
+    for b in blocks:
+        for oid in b.ops:
+            block_of[oid] = b.index
+    first = {}
+    for op in g.ops.values():
+        for v in op.inputs:
+            if v not in first and g.values[v].producer is None:
+                first[v] = block_of.get(op.id, 0)
+    out = [0] * (len(blocks) + 1)
+    for v in g.inputs:
+        info = g.values[v]
+        if info.differentiable:
+            k = first.get(v, len(blocks))
+            for i in range(0, min(k, len(blocks) - 1) + 1):
+                out[i] += info.nbytes
+    return out
 
 
 def _dedupe(opts: list[Option]) -> tuple[Option, ...]:
@@ -562,7 +726,8 @@ def _region_recompute(g, blocks, data, i, j, oi, cache):
         key = (k, oi, need_out)
         if key not in cache:
             R, outside = _closure(g, blocks[k].ops, saved, need_out, d.residuals)
-            cache[key] = (R, outside, sum(g.ops[o].time for o in R), sum(g.ops[o].cost.flops for o in R))
+            rt = recompute_times(g)
+            cache[key] = (R, outside, sum(rt[o] for o in R), sum(g.ops[o].cost.flops for o in R))
         R, outside, t, f = cache[key]
         total_t += t
         total_f += f
@@ -585,30 +750,40 @@ def _scan_options(g, b, d, cross, caps, method, time_limit, offload, host_bw, no
     opts.append(Option("none", none_b, none_b + cot, 0.0, 0.0, 0, {"kind": "none"}))
     body_ops = list(body.ops.values())
     produced = frozenset(v for o in body_ops for v in o.outputs)
-    residuals = frozenset(v for o in body_ops for v in o.residual_inputs + o.residual_outputs
-                          if body.values[v].producer is not None)
-    body_extra = sum(o.extra_residual_bytes for o in body_ops)
+    # What one iteration's backward keeps, fusion-aware as for top-level blocks.
+    residuals, body_extra = stored_residuals(body, body_ops)
     carry_ids = body.inputs[nconst:nconst + ncar]
     xs_ids = body.inputs[nconst + ncar:]
     # Per iteration, a checkpointed body keeps its carry and the slices it reads.
     # (The scanned-over slices are forwarded from the stacked inputs by JAX, not copied.)
     del xs_ids
     per_iter_in = sum(body.values[v].nbytes for v in carry_ids)
-    full_body = sum(body.values[v].nbytes for v in residuals) + body_extra
-    cands = _solve_block_options(body, body_ops, produced, residuals, caps, method, time_limit)
+    # While one iteration's backward runs, its recomputed residuals are live.  Inside a
+    # loop body XLA keeps more than the fusion-aware set (measured on the scan transformer,
+    # nothing saved: fusion-aware 43.6 MiB predicted vs 50.8 compiled; JAX's full list
+    # 54.1): count JAX's full list there.
+    raw_res = {v for o in body_ops for v in o.residual_inputs + o.residual_outputs
+               if body.values[v].producer is not None}
+    full_body = sum(body.values[v].nbytes for v in raw_res) + sum(o.extra_residual_bytes for o in body_ops)
+    # The body is solved once for all iterations, and its saved set is the only knob of
+    # the whole scan: ask the region solver at a finer grid of caps than for blocks.
+    scan_caps = sorted(set(caps) | set(SCAN_CAPS))
+    cands = _solve_block_options(body, body_ops, produced, residuals, scan_caps, method, time_limit)
     body_time = sum(o.time for o in body_ops)
     for name, saved in cands:
         R, _ = _closure(body, [o.id for o in body_ops], saved, frozenset(), residuals)
-        rt = length * sum(body.ops[o].time for o in R)
+        rt = length * sum(recompute_times(body)[o] for o in R)
         rf = length * sum(body.ops[o].cost.flops for o in R)
         s_b = sum(body.values[v].nbytes for v in saved)
         stored = length * (per_iter_in + s_b)
-        live = stored + full_body + cot
+        # The iteration's saved values are part of `stored` already.
+        live = stored + full_body - sum(body.values[v].nbytes for v in saved & raw_res) + cot
         opts.append(Option(f"scan:{name}", stored, live, rt, rf, 0,
                            {"kind": "scan", "op": op.id, "saved": saved}))
         if offload and s_b:
             exposed = max(0.0, 2 * length * s_b / host_bw - OFFLOAD_OVERLAP * 3 * length * body_time)
-            opts.append(Option(f"scan:{name}+offload", length * per_iter_in, live, rt + exposed, rf,
+            opts.append(Option(f"scan:{name}+offload", length * per_iter_in, length * per_iter_in + full_body + cot,
+                               rt + exposed, rf,
                                length * s_b, {"kind": "scan", "op": op.id, "saved": frozenset(),
                                               "offloaded": saved}))
-    return _dedupe(opts)
+    return tuple(opts)

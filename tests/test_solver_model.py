@@ -1,0 +1,133 @@
+"""The graph -> chain model (solver/_model.py): block cuts, fusion-aware costs, backward live bytes."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from autoremat import _optimize, examples
+from autoremat.graph import build_graph
+from autoremat.runtime import compiled_stats
+from autoremat.solver import _model
+
+
+def _skip_net(x, w1, w2, w3):
+    # The skip tensor `a` crosses the boundary between the two lines below, so the
+    # crossing bytes there are not a local minimum; the user's line change is a cut.
+    a = jnp.tanh(x @ w1)
+    b = jnp.tanh(a @ w2)
+    c = jnp.tanh(b @ w3) + a
+    return jnp.sum(c**2)
+
+
+def _args(n=64):
+    k = jax.random.split(jax.random.key(0), 4)
+    return (jax.random.normal(k[0], (n, n)),) + tuple(0.1 * jax.random.normal(k[i], (n, n)) for i in (1, 2, 3))
+
+
+def test_user_lines_follow_the_traced_function():
+    g = build_graph(_skip_net, *_args(), argnums=(1, 2, 3))
+    lines = g.traced.user_lines()
+    assert all(line is not None for line in lines)
+    first = _skip_net.__code__.co_firstlineno
+    assert sorted(set(lines)) == [first + 3, first + 4, first + 5, first + 6]
+
+
+def test_cuts_at_user_line_changes():
+    g = build_graph(_skip_net, *_args(), argnums=(1, 2, 3))
+    lines = g.traced.user_lines()
+    changes = {p for p in range(1, len(lines)) if lines[p] != lines[p - 1]}
+    blocks = _model.find_blocks(g, merge="none")
+    starts = {b.start for b in blocks}
+    assert changes <= starts
+
+
+def test_relu_custom_jvp_is_elementwise():
+    def f(x, w):
+        return jnp.sum(jax.nn.relu(x @ w) ** 2)
+
+    g = build_graph(f, *_args()[:2], argnums=1)
+    relu = [op for op in g.ops.values() if op.primitive.startswith("custom_jvp")]
+    assert relu and all(op.params.get("elementwise") for op in relu)
+    ops = list(g.ops.values())
+    residuals, extra = _model.stored_residuals(g, ops)
+    # The relu's extras (its input and mask) are recomputed inside the backward fusion.
+    assert extra == 0
+    assert residuals  # the matmul's input and the relu's input remain
+
+
+def test_fused_recompute_time_is_below_the_roofline_sum():
+    def gelu_layer(x, w):
+        return jnp.sum(jax.nn.gelu(x @ w, approximate=True))
+
+    g = build_graph(gelu_layer, *_args(256)[:2], argnums=1)
+    rt = _model.recompute_times(g)
+    elementwise = [op for op in g.ops.values() if op.primitive in _model.FUSIBLE]
+    assert len(elementwise) >= 5
+    assert sum(rt[op.id] for op in elementwise) < 0.5 * sum(op.time for op in elementwise)
+    for op in g.ops.values():
+        if op.primitive == "dot_general":
+            assert rt[op.id] == op.time
+
+
+def test_backward_profile_counts_skip_cotangents_and_frees_residuals():
+    g = build_graph(_skip_net, *_args(), argnums=(1, 2, 3))
+    prof = _model._BackwardProfile(g)
+    n = len(g.ops)
+    produced = frozenset(v for op in g.ops.values() for v in op.outputs)
+    full = prof.peak(0, n, produced)
+    assert prof.peak(0, n, frozenset()) < full
+    # Residual bytes accumulate along the region: the prefix is non-decreasing.
+    pre = prof.residual_prefix(0, n, produced, extra=False)
+    assert np.all(np.diff(pre) >= 0)
+    assert pre[-1] == sum(g.values[v].nbytes for v in produced)
+    # A region in the middle sees the cotangent of the skip tensor crossing it.
+    blocks = _model.find_blocks(g, merge="none")
+    mid = [b for b in blocks if b.start > 0 and b.stop < n]
+    assert mid
+    a, b = mid[0].start, mid[0].stop
+    skip = 64 * 64 * 4
+    assert prof.crossing_cotangents(a, b).min() >= skip
+
+
+def test_gradient_bytes_count_from_first_use():
+    x, *ws = _args()
+    g = build_graph(_skip_net, x, *ws, argnums=(1, 2, 3))
+    blocks = _model.find_blocks(g, merge="none")
+    grads = _model._gradient_bytes_from(g, blocks)
+    assert grads[0] == sum(w.nbytes for w in ws)
+    assert all(a >= b for a, b in zip(grads, grads[1:]))
+    assert grads[len(blocks) - 1] < grads[0]
+
+
+def test_optimize_reaches_per_stage_nothing_saveable_on_the_unet():
+    """The U-Net's decoder stages are not crossing-bytes minima (skip tensors cross them);
+    user-line cuts and unmerged blocks let autoremat reach the hand-written per-stage
+    nothing_saveable peak (at the built-in size; without them the lowest compiled peak
+    found was 9.2 MiB for 9.1).  Slow-ish: the fallback compiles several candidates."""
+    kw = {}
+    ex = examples.convnet(**kw)
+    hand = examples.convnet(policy=jax.checkpoint_policies.nothing_saveable, **kw)
+    budget = compiled_stats(hand.fn, *hand.args).peak_bytes
+    planned = _optimize.plan_for(ex.fn, budget, ex.args)
+    assert planned.plan.meta["compiled_peak"] <= budget
+    g1 = jax.grad(ex.fn)(*ex.args)
+    import autoremat
+
+    g2 = jax.grad(autoremat.apply(ex.fn, planned.plan))(*ex.args)
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("merge", ["next", "prev", "none"])
+def test_block_variants_cover_the_equations(merge):
+    g = build_graph(_skip_net, *_args(), argnums=(1, 2, 3))
+    blocks = _model.find_blocks(g, merge=merge)
+    assert blocks[0].start == 0 and blocks[-1].stop == len(g.ops)
+    assert all(a.stop == b.start for a, b in zip(blocks, blocks[1:]))
+
+
+def test_unknown_merge_is_rejected():
+    g = build_graph(_skip_net, *_args(), argnums=(1, 2, 3))
+    with pytest.raises(ValueError, match="merge"):
+        _model.find_blocks(g, merge="sideways")
