@@ -91,7 +91,7 @@ def _log(verbose: bool, msg: str):
 
 def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=None, offload=None,
              solver: str = "auto", time_limit: float | None = None, argnums=0, static_argnums=(),
-             has_aux: bool = False, validate: bool = True, max_rounds: int = 3, verbose: bool = False,
+             has_aux: bool = False, validate: bool = True, max_rounds: int = 4, verbose: bool = False,
              progress=None, max_candidates: int = 8) -> _Planned:
     """Plans `fn` for one argument signature (the work behind `Optimized.plan`)."""
     kwargs = dict(kwargs or {})
@@ -229,8 +229,18 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
             raised += 1
             target = (fit_target + over_target) // 2
             continue
-        # The model under-predicted by (compiled - predicted): ask the solver for that much less.
-        target = target - (compiled - limit) - max(1, budget_bytes // 200)
+        # The model under-predicted: ask the solver for less.  After two over-budget rounds,
+        # follow the line through them (the model's error often grows as plans get lower,
+        # and stepping down by the overshoot alone then takes many rounds); else step down
+        # by the overshoot.
+        over = [h for h in history if h["compiled"] > limit]
+        step = target - (compiled - limit) - max(1, budget_bytes // 200)
+        if len(over) >= 2 and over[-2]["predicted"] != over[-1]["predicted"]:
+            (p1, c1), (p2, c2) = ((h["predicted"], h["compiled"]) for h in over[-2:])
+            slope = (c2 - c1) / (p2 - p1)
+            if slope > 0.05:
+                step = min(step, int(p2 - (c2 - limit) / slope) - max(1, budget_bytes // 200))
+        target = step
         if target <= 0:
             break
     if best is not None:
@@ -340,7 +350,7 @@ class Optimized:
     """
 
     def __init__(self, fn, budget, *, device=None, offload=None, solver="auto", time_limit=None, argnums=0,
-                 static_argnums=(), has_aux=False, validate=True, max_rounds=3, verbose=False):
+                 static_argnums=(), has_aux=False, validate=True, max_rounds=4, verbose=False):
         if budget is None:
             raise BudgetError("optimize needs a budget: bytes (int), a string such as '8GB', a fraction in (0, 1] "
                               "of the un-optimized peak, or 'auto'")
@@ -389,7 +399,7 @@ class Optimized:
 
 def optimize(fn, budget, *, device=None, offload=None, solver: str = "auto", time_limit: float | None = None,
              argnums=0, static_argnums: Sequence[int] = (), has_aux: bool = False, validate: bool = True,
-             max_rounds: int = 3, verbose: bool = False) -> Optimized:
+             max_rounds: int = 4, verbose: bool = False) -> Optimized:
     """Returns `fn` rewritten so that `jax.value_and_grad(fn)` fits `budget` at the least extra time.
 
     Args:
