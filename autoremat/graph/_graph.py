@@ -321,23 +321,20 @@ def _replace(v: ValueInfo, **kw) -> ValueInfo:
 
 def _elementwise_body(eqn) -> bool:
     """Whether a custom_jvp/custom_vjp call's primal body is fusible elementwise work only."""
+    return _fusible_jaxpr(eqn.params.get("call_jaxpr", eqn.params.get("fun_jaxpr")), nested=1)
+
+
+def _fusible_jaxpr(jaxpr, nested: int) -> bool:
+    """Whether every equation of `jaxpr` is fusible, looking `nested` levels into jit calls."""
     from autoremat.graph._costs import FUSIBLE_PRIMITIVES
 
-    body = eqn.params.get("call_jaxpr", eqn.params.get("fun_jaxpr"))
-    inner = getattr(body, "jaxpr", body)
-    eqns = getattr(inner, "eqns", None)
+    eqns = getattr(getattr(jaxpr, "jaxpr", jaxpr), "eqns", None)
     if not eqns:
         return False
-    return all(e.primitive.name in FUSIBLE_PRIMITIVES or (e.primitive.name in ("pjit", "jit", "closed_call")
-               and _elementwise_body_of(e)) for e in eqns)
-
-
-def _elementwise_body_of(eqn) -> bool:
-    inner = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
-    inner = getattr(inner, "jaxpr", inner)
-    from autoremat.graph._costs import FUSIBLE_PRIMITIVES
-
-    return bool(getattr(inner, "eqns", None)) and all(e.primitive.name in FUSIBLE_PRIMITIVES for e in inner.eqns)
+    return all(e.primitive.name in FUSIBLE_PRIMITIVES
+               or (nested > 0 and e.primitive.name in ("pjit", "jit", "closed_call")
+                   and _fusible_jaxpr(e.params.get("jaxpr", e.params.get("call_jaxpr")), nested - 1))
+               for e in eqns)
 
 
 def _bodies(eqn, oid, prof, in_d, in_div, multiplicity) -> tuple[Graph, ...]:

@@ -46,7 +46,7 @@ OFFLOAD_OVERLAP = 0.5
 # Equations that make a block worth being a block of its own.
 HEAVY_PRIMITIVES = frozenset({"dot_general", "conv_general_dilated", "scan", "while", "cond",
                               "custom_vjp_call", "custom_jvp_call", "custom_vjp_call_jaxpr"})
-# Backward workspace of a region, in units of its largest internal value (see build_chain_model).
+# Backward workspace of a scan body, in units of its largest internal value (see _scan_options).
 WORKSPACE_FACTOR = 2
 
 
@@ -71,20 +71,12 @@ class _BlockData:
     ext_inputs: frozenset[str]         # intermediates produced before the block and used in it
     options: tuple[tuple[str, frozenset[str]], ...]  # (name, saved set) candidates
     time: float                        # roofline time of its forward equations
-    largest: int = 0                   # bytes of its largest produced value
 
 
 def crossing_bytes(g: Graph) -> list[int]:
     """Bytes of intermediate values live across each cut position 0..n (cut p: before op p)."""
-    ops = list(g.ops.values())
-    n = len(ops)
-    pos = {op.id: i for i, op in enumerate(ops)}
-    last_use: dict[str, int] = {}
-    for i, op in enumerate(ops):
-        for v in op.inputs:
-            last_use[v] = i
-    for v in g.outputs:
-        last_use[v] = n
+    pos, last_use = _positions_and_last_uses(g)
+    n = len(pos)
     diff = [0] * (n + 2)
     for vid, info in g.values.items():
         if info.producer is None or vid not in last_use:
@@ -98,6 +90,19 @@ def crossing_bytes(g: Graph) -> list[int]:
         acc += diff[p]
         out.append(acc)
     return out
+
+
+def _positions_and_last_uses(g: Graph) -> tuple[dict[str, int], dict[str, int]]:
+    """Position of each equation, and of the last equation reading each value (the graph's
+    outputs: len(ops))."""
+    pos = {oid: i for i, oid in enumerate(g.ops)}
+    last_use: dict[str, int] = {}
+    for oid, op in g.ops.items():
+        for v in op.inputs:
+            last_use[v] = pos[oid]
+    for v in g.outputs:
+        last_use[v] = len(pos)
+    return pos, last_use
 
 
 def find_blocks(g: Graph, *, max_blocks: int = 160, merge: str = "next") -> tuple[Block, ...]:
@@ -450,9 +455,8 @@ def _block_data(g: Graph, b: Block, caps, region_method: str, time_limit: float 
     ext_inputs = frozenset(v for op in ops for v in op.inputs
                            if g.values[v].producer is not None and v not in produced)
     time = sum(op.time for op in ops)
-    largest = max((g.values[v].nbytes for v in produced), default=0)
     if b.kind == "scan":
-        return _BlockData(produced, residuals, extra, ext_inputs, (), time, largest)
+        return _BlockData(produced, residuals, extra, ext_inputs, (), time)
     key = b.signature
     if key in cache:
         proto_ids, proto_opts = cache[key]
@@ -461,17 +465,18 @@ def _block_data(g: Graph, b: Block, caps, region_method: str, time_limit: float 
     else:
         options = _solve_block_options(g, ops, produced, residuals, caps, region_method, time_limit)
         cache[key] = ([v for op in ops for v in op.outputs], options)
-    return _BlockData(produced, residuals, extra, ext_inputs, options, time, largest)
+    return _BlockData(produced, residuals, extra, ext_inputs, options, time)
 
 
 def _region_problem(g: Graph, ops: Sequence[OpInfo], produced, residuals):
     from autoremat.solver._region import RegionProblem
 
+    rt = recompute_times(g)
     return RegionProblem(
         value_bytes={v: g.values[v].nbytes for v in produced},
         producer={v: g.values[v].producer for v in produced},
         op_inputs={op.id: tuple(u for u in op.inputs if u in produced) for op in ops},
-        op_time={op.id: recompute_times(g)[op.id] for op in ops},
+        op_time={op.id: rt[op.id] for op in ops},
         op_flops={op.id: float(op.cost.flops) for op in ops},
         needed=frozenset(v for v in residuals if v in produced),
         needed_ops=frozenset(op.id for op in ops if op.extra_residual_bytes),
@@ -525,14 +530,8 @@ class _BackwardProfile:
 
     def __init__(self, g: Graph):
         ops = list(g.ops.values())
-        self.pos = {op.id: i for i, op in enumerate(ops)}
+        self.pos, last_use = _positions_and_last_uses(g)
         n = len(ops)
-        last_use: dict[str, int] = {}
-        for i, op in enumerate(ops):
-            for v in op.inputs:
-                last_use[v] = i
-        for v in g.outputs:
-            last_use[v] = n
         prod, last, nb = [], [], []
         for vid, info in g.values.items():
             if info.producer is None or info.producer not in self.pos or not info.differentiable:
@@ -624,7 +623,6 @@ def build_chain_model(g: Graph, *, offload: bool = True, max_region_blocks: int 
         inputs: set[str] = set()
         produced: set[str] = set()
         fwd_time = 0.0
-        largest = 0
         for j in range(i + 1, min(nb, i + max_region_blocks) + 1):
             k = j - 1
             if blocks[k].kind == "scan":
@@ -635,7 +633,6 @@ def build_chain_model(g: Graph, *, offload: bool = True, max_region_blocks: int 
             inputs |= {v for v in d.ext_inputs if v not in produced}
             produced |= d.produced
             fwd_time += d.time
-            largest = max(largest, data[k].largest)
             a, b = blocks[i].start, blocks[k].stop
             opts = []
             stored_none = int(none_scale * (nbytes(res_union) + ext))
@@ -674,10 +671,12 @@ def build_chain_model(g: Graph, *, offload: bool = True, max_region_blocks: int 
     # region [i, j) runs backward, the gradients of parameters first used in block >= i.
     grads = _gradient_bytes_from(g, blocks)
     base -= grads[0]
-    options = {k: tuple(dataclasses.replace(o, backward_bytes=o.backward_bytes + grads[k[0]]) for o in v)
-               for k, v in options.items()}
-    raw_options = {k: tuple(dataclasses.replace(o, backward_bytes=o.backward_bytes + grads[k[0]]) for o in v)
-                   for k, v in raw_options.items()}
+
+    def with_grads(table):
+        return {k: tuple(dataclasses.replace(o, backward_bytes=o.backward_bytes + grads[k[0]]) for o in v)
+                for k, v in table.items()}
+
+    options, raw_options = with_grads(options), with_grads(raw_options)
     problem = ChainProblem(nb, int(base), options, tuple(f"{b.start}-{b.stop}" for b in blocks))
     return ChainModel(g, blocks, problem, cross, int(base), data, none_scale, raw_options)
 
@@ -770,9 +769,10 @@ def _scan_options(g, b, d, cross, caps, method, time_limit, offload, host_bw, no
     scan_caps = sorted(set(caps) | set(SCAN_CAPS))
     cands = _solve_block_options(body, body_ops, produced, residuals, scan_caps, method, time_limit)
     body_time = sum(o.time for o in body_ops)
+    body_rt = recompute_times(body)
     for name, saved in cands:
         R, _ = _closure(body, [o.id for o in body_ops], saved, frozenset(), residuals)
-        rt = length * sum(recompute_times(body)[o] for o in R)
+        rt = length * sum(body_rt[o] for o in R)
         rf = length * sum(body.ops[o].cost.flops for o in R)
         s_b = sum(body.values[v].nbytes for v in saved)
         stored = length * (per_iter_in + s_b)
