@@ -40,9 +40,10 @@ __all__ = ["optimize", "Optimized", "plan_for"]
 
 AUTO_MARGIN = 0.9  # budget="auto": this fraction of the device's memory
 # On GPU/TPU two compiles of the same program can differ in temp memory (autotuned GEMM/conv
-# algorithms bring their own workspace): measured on an H100, a plan compiled at <= 45.8 MiB
-# compiled at 46.3 MiB the next time.  Plans must fit this fraction below the budget there.
-ACCELERATOR_SAFETY = 0.02
+# algorithms bring their own workspace): measured on an H100 (jax 0.11.2, docs/FINDINGS.md),
+# one plan of the small transformer compiled to 45.30 and 46.29 MiB (+2.2%) in one process,
+# with the same arguments.  Plans must fit this fraction below the budget there.
+ACCELERATOR_SAFETY = 0.025
 # When a compiled plan leaves more than RAISE_SLACK of the budget unused (the model
 # over-predicted), the solver is asked again with the target raised by the unused part; if
 # that overshoots, the target is bisected between the last fitting and the overshooting one
@@ -53,6 +54,12 @@ MAX_RAISES = 4
 # UNIFORM_REACH x the budget are compiled in case the model over-predicted them.
 MAX_UNIFORM_CHECKS = 3
 UNIFORM_REACH = 1.3
+# The option kinds that are JAX's built-in policies (nothing_saveable, dots_saveable,
+# dots_with_no_batch_dims_saveable) applied per block or to a scan body; one of them
+# replaces the solver's plan if it recomputes fewer FLOPs, is estimated at most this much
+# slower, and compiles within the budget.
+POLICY_KINDS = ("ckpt:recompute", "ckpt:save:dots", "ckpt:save:dots_no_batch")
+POLICY_TOLERANCE = 0.10
 # Compiled peaks of plans already compiled in this process: (function signature, segments) -> bytes.
 _COMPILED: dict = {}
 
@@ -176,7 +183,25 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
         plan = _with(plan, meta={**plan.meta, "compiled_peak": compiled, "rounds": history, "found_by": how})
         return _Planned(plan, traced, model, baseline_peak, history)
 
-    best = None  # (estimated extra time, segments, result, round) of the best fitting plan
+    if offload and validate:
+        # Does offloading lower XLA's compiled peak here?  Compare the per-block plan that
+        # offloads the matmul outputs with the one that keeps them on the device.  Measured on
+        # an H100 with jax 0.11.2 (docs/FINDINGS.md): it does not; XLA keeps device buffers
+        # for the transfers and the offloading plans compiled above their device-only twins,
+        # some above no remat.  Plans that offload would only waste rounds there.
+        dev, off = model.uniform("ckpt:save:dots", 1), model.uniform("ckpt:save:dots+offload", 1)
+        if dev is not None and off is not None:
+            peak_dev, peak_off = compile_peak(dev), compile_peak(off)
+            if peak_off >= peak_dev:
+                say(f"offloading does not lower the compiled peak on this backend (matmul outputs offloaded "
+                    f"per block: {format_bytes(peak_off)}, kept: {format_bytes(peak_dev)}); planning without "
+                    f"offload")
+                offload = False
+                meta["offload"] = (f"disabled: offloading per block compiled to {format_bytes(peak_off)}, "
+                                   f"not below {format_bytes(peak_dev)} without it")
+                model = build_chain_model(g, offload=False, none_scale=model.none_scale, block_cache=block_cache)
+
+    best = None  # (estimated extra time, segments, result, how found) of the best fitting plan
     raised, fit_target, over_target = 0, 0, None
     for rnd in range(max_rounds + MAX_RAISES):
         if rnd >= max_rounds + raised:
@@ -207,7 +232,7 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
             f"({'fits' if compiled <= limit else 'over budget'})")
         if compiled <= limit:
             if best is None or result.objective < best[0]:
-                best = (result.objective, result.segments, result, rnd + 1)
+                best = (result.objective, result.segments, result, f"solver round {rnd + 1}")
             # The model over-predicted: the compiled plan leaves memory unused.  Ask the
             # solver for a plan predicted up to that much higher (a few times at most);
             # the fastest plan that compiles within the budget wins.
@@ -244,20 +269,36 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
         if target <= 0:
             break
     if best is not None:
-        # Uniform plans (one option kind per block: JAX's built-in policies per block in the
-        # model's terms) that the model says are faster but over budget may still fit: the
-        # model over-predicts plans that save much.  Compile the most promising few.
+        cands = _uniform_candidates(model)
+        # JAX's built-in policies in the model's terms, where the time model cannot tell
+        # them from the solver's plan: one that recomputes fewer FLOPs, estimated at most
+        # POLICY_TOLERANCE slower (or faster), and compiles within the budget wins.  FLOPs
+        # are exact; the estimated time of memory-bound recomputation is not.
+        best_flops = _recompute_flops(best[1])
+        for extra, kind, size, segs in sorted((c for c in cands if c[1] in POLICY_KINDS and c[2] <= 1),
+                                              key=lambda c: _recompute_flops(c[3])):
+            if (_recompute_flops(segs) >= best_flops or extra > best[0] * (1 + POLICY_TOLERANCE)
+                    or evaluate(model.raw_problem, segs)[0] > UNIFORM_REACH * budget_bytes):
+                continue
+            if compile_peak(segs) <= limit:
+                say(f"{_uniform_label(kind, size)} recomputes fewer FLOPs at about the same estimated time "
+                    f"and compiles within the budget")
+                best = (extra, segs, None, f"{_uniform_label(kind, size)}, blocks merged next")
+                break
+        # Uniform plans (one option kind per block) that the model says are faster but over
+        # budget may still fit: the model over-predicts plans that save much.  Compile the
+        # most promising few.
         tries = 0
-        for extra, kind, size, segs in _uniform_candidates(model):
+        for extra, kind, size, segs in cands:
             if tries >= MAX_UNIFORM_CHECKS or extra >= best[0]:
                 break
-            if evaluate(model.raw_problem, segs)[0] > UNIFORM_REACH * budget_bytes:
+            if segs == best[1] or evaluate(model.raw_problem, segs)[0] > UNIFORM_REACH * budget_bytes:
                 continue
             tries += 1
             if compile_peak(segs) <= limit:
-                say(f"uniform {kind} over {size} block(s) is faster and compiles within the budget")
-                return accept(segs, None, f"uniform {kind} x{size}, blocks merged next")
-        return accept(best[1], best[2], f"solver round {best[3]}")
+                say(f"{_uniform_label(kind, size)} is faster and compiles within the budget")
+                return accept(segs, None, f"{_uniform_label(kind, size)}, blocks merged next")
+        return accept(best[1], best[2], best[3])
     # The model and XLA disagree here.  Fall back on compile-verified candidates, for each
     # way of cutting the chain into blocks (activations opening the next layer, closing
     # their layer, no merging at all): the solver's plan for the budget; every option kind
@@ -282,17 +323,21 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
             for extra, kind, size, segs in chosen:
                 peak = compile_peak(segs)
                 if peak <= limit:
-                    say(f"uniform {kind} over {size} block(s): compiled {format_bytes(peak)} fits")
-                    return accept(segs, None, f"uniform {kind} x{size}, blocks merged {variant}")
+                    say(f"{_uniform_label(kind, size)}: compiled {format_bytes(peak)} fits")
+                    return accept(segs, None, f"{_uniform_label(kind, size)}, blocks merged {variant}")
         low = lowest_peak_segments(model.problem)
         if compile_peak(low) <= limit:
             return accept(low, None, f"lowest predicted peak, blocks merged {variant}")
     lowest = min(tried.values())
+    need = lowest if limit == budget_bytes else -(-lowest * budget_bytes // limit)
+    margin = ("" if limit == budget_bytes else
+              f" (off the CPU a plan must compile {ACCELERATOR_SAFETY:.1%} below the budget, because two "
+              f"compiles of one program can differ by that much)")
     raise InfeasibleBudgetError(
         f"budget {format_bytes(budget_bytes)} is below what autoremat could reach for {meta['function']}: the "
-        f"lowest compiled peak it found is {format_bytes(lowest)}; raise the budget to at least "
-        f"{format_bytes(lowest)}" + ("" if offload else " or enable offload (offload=True)"),
-        budget=budget_bytes, lowest=lowest)
+        f"lowest compiled peak it found is {format_bytes(lowest)}{margin}; raise the budget to at least "
+        f"{format_bytes(need)}" + ("" if offload or "offload" in meta else " or enable offload (offload=True)"),
+        budget=budget_bytes, lowest=need)
 
 
 def _variants(g, model: ChainModel, offload: bool, say, block_cache: dict):
@@ -310,15 +355,27 @@ def _variants(g, model: ChainModel, offload: bool, say, block_cache: dict):
 
 def _uniform_candidates(model: ChainModel) -> list:
     """(estimated extra time, kind, size, segments) of uniform plans, fastest first: every
-    option kind per block and per pair of blocks, all-recompute also over 3 and 4 blocks."""
-    cands = []
+    option kind per block and per pair of blocks, all-recompute also over 3 and 4 blocks;
+    where the chain has scans, every kind on the scan bodies alone (size 0), which is how
+    a policy on the body of a scan over layers looks."""
+    cands, seen = [], set()
+    has_scan = any(b.kind == "scan" for b in model.blocks)
     for kind in model.option_kinds():
-        for size in (1, 2, 3, 4):
-            segs = model.uniform(kind, size)
-            if segs is not None and (size <= 2 or kind.endswith("recompute")):
+        for size in (0, 1, 2, 3, 4) if has_scan else (1, 2, 3, 4):
+            segs = model.uniform(kind, max(size, 1), scans_only=size == 0)
+            if segs is not None and segs not in seen and (size <= 2 or kind.endswith("recompute")):
+                seen.add(segs)
                 cands.append((evaluate(model.raw_problem, segs)[1], kind, size, segs))
     cands.sort(key=lambda c: c[0])
     return cands
+
+
+def _recompute_flops(segments) -> float:
+    return sum(sg.option.recompute_flops for sg in segments)
+
+
+def _uniform_label(kind: str, size: int) -> str:
+    return f"uniform {kind} on the scan bodies" if size == 0 else f"uniform {kind} x{size}"
 
 
 def _all_none(model: ChainModel):

@@ -110,6 +110,16 @@ def test_unreachable_budget_names_the_lowest_peak(mlp):
     assert 100 * 1024 < err.value.lowest <= base
 
 
+def test_offload_is_dropped_where_it_does_not_lower_the_compiled_peak(mlp):
+    # On the CPU "host" memory is device memory: the offloading per-block plan compiles no
+    # lower than the one keeping the values, so optimize plans without offload and says so.
+    loss, ws, x, base = mlp
+    plan = autoremat.optimize(loss, budget=0.7, offload=True).plan(ws, x)
+    assert plan.meta["offload"].startswith("disabled")
+    assert not any(r.offloaded for r in plan.regions)
+    assert plan.meta["compiled_peak"] <= int(0.7 * base)
+
+
 def test_effects_are_refused():
     def loss(w, x):
         jax.debug.print("w {}", w.sum())

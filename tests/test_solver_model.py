@@ -131,3 +131,64 @@ def test_unknown_merge_is_rejected():
     g = build_graph(_skip_net, *_args(), argnums=(1, 2, 3))
     with pytest.raises(ValueError, match="merge"):
         _model.find_blocks(g, merge="sideways")
+
+
+def _attention_like(x, w, v):
+    # One dot without batch dimensions (x @ w) and one with (the per-example bmm).
+    h = jnp.tanh(x @ w)
+    s = jnp.einsum("bij,bkj->bik", h, v)
+    return jnp.sum(jnp.tanh(s) ** 2)
+
+
+def test_dots_no_batch_kind_saves_what_the_jax_policy_saves():
+    k = jax.random.split(jax.random.key(0), 3)
+    x, w, v = (jax.random.normal(k[0], (4, 16, 32)), jax.random.normal(k[1], (32, 32)),
+               jax.random.normal(k[2], (4, 16, 32)))
+    g = build_graph(_attention_like, x, w, v, argnums=(1, 2))
+    ops = list(g.ops.values())
+    kinds = dict(_model._solve_block_options(g, ops, frozenset(v for o in ops for v in o.outputs),
+                                             frozenset(), (), "greedy", None))
+    dots = [o for o in ops if o.primitive == "dot_general"]
+    assert [o.params["batch_dims"] for o in dots] == [False, True]
+    assert kinds["save:dots"] == frozenset(dots[0].outputs + dots[1].outputs)
+    assert kinds["save:dots_no_batch"] == frozenset(dots[0].outputs)
+
+
+def _scan_loss(ws, x):
+    def body(h, w):
+        return h + jnp.tanh(h @ w[0]) @ w[1], None
+
+    h, _ = jax.lax.scan(body, jnp.tanh(x), ws)
+    return jnp.mean(jnp.tanh(h) ** 2)
+
+
+def _scan_args(n_layers=4, width=128, batch=512):
+    k = jax.random.split(jax.random.key(0), 2)
+    return (jax.random.normal(k[0], (n_layers, 2, width, width)) / width**0.5,
+            jax.random.normal(k[1], (batch, width)))
+
+
+def test_uniform_on_scan_bodies_leaves_other_blocks_alone():
+    g = build_graph(_scan_loss, *_scan_args())
+    model = _model.build_chain_model(g, offload=False)
+    assert any(b.kind == "scan" for b in model.blocks)
+    segs = model.uniform("ckpt:save:dots", scans_only=True)
+    for sg in segs:
+        scan = model.blocks[sg.start].kind == "scan"
+        assert sg.option.name == ("scan:save:dots" if scan else "none")
+
+
+@pytest.mark.parametrize("policy", ["dots_saveable", "dots_with_no_batch_dims_saveable"])
+def test_optimize_recomputes_no_more_than_a_scan_body_policy_at_its_peak(policy):
+    # The budget is the compiled peak of the policy on the scan body.  On this model the
+    # solver's own plans (ILP saved sets) recompute more FLOPs at about the same estimated
+    # time; optimize must try the policy itself and return a plan that fits and recomputes
+    # no more (XLA counts the body once in both).
+    kw = dict(n_layers=2, d_model=128, seq=64, batch=2, vocab=256)
+    ex = examples.get_example("transformer_scan", **kw)
+    ref_ex = examples.get_example("transformer_scan", policy=getattr(jax.checkpoint_policies, policy), **kw)
+    ref = compiled_stats(ref_ex.fn, *ref_ex.args)
+    opt = _optimize.optimize(ex.fn, budget=ref.peak_bytes)
+    got = opt.validate(*ex.args)
+    assert got.fits
+    assert got.compiled.flops <= ref.flops * (1 + 1e-6)

@@ -280,6 +280,10 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
             params["num_consts"], params["num_carry"] = scan_counts(eqn.params)
         if eqn.primitive.name.startswith("custom_") and _elementwise_body(eqn):
             params["elementwise"] = True
+        if eqn.primitive.name == "dot_general":
+            # What `dots_with_no_batch_dims_saveable` looks at.
+            (_, _), (lhs_b, rhs_b) = eqn.params["dimension_numbers"]
+            params["batch_dims"] = bool(lhs_b or rhs_b)
         ops[oid] = OpInfo(
             id=oid, index=idx, primitive=primitive_label(eqn),
             inputs=tuple(x for x in in_ids if x is not None), outputs=tuple(out_ids), cost=cost,

@@ -219,19 +219,24 @@ class ChainModel:
                     names.append(o.name)
         return names
 
-    def uniform(self, kind: str, size: int = 1) -> tuple[Segment, ...] | None:
+    def uniform(self, kind: str, size: int = 1, *, scans_only: bool = False) -> tuple[Segment, ...] | None:
         """Every `size` consecutive blocks one region with option `kind`; scan blocks get
-        the scan option of the same kind (`ckpt:save:dots` -> `scan:save:dots`).
+        the scan option of the same kind (`ckpt:save:dots` -> `scan:save:dots`).  With
+        `scans_only`, only scan blocks get it and the others are left alone.
 
         This is how built-in policies applied per block are expressed in the same model
-        (`ckpt:recompute` ~ nothing_saveable, `ckpt:save:dots` ~ dots_saveable, `none` ~ no
-        remat).  Returns None if some region lacks that option.
+        (`ckpt:recompute` ~ nothing_saveable, `ckpt:save:dots` ~ dots_saveable,
+        `ckpt:save:dots_no_batch` ~ dots_with_no_batch_dims_saveable, `none` ~ no remat;
+        `scans_only` ~ a policy on the body of a scan over layers).  Returns None if some
+        region lacks that option.
         """
         segs, i, nb = [], 0, self.problem.n_blocks
         scan_kind = kind.replace("ckpt:", "scan:", 1) if kind.startswith("ckpt:") else kind
         while i < nb:
             if self.blocks[i].kind == "scan":
                 j, want = i + 1, scan_kind
+            elif scans_only:
+                j, want = i + 1, "none"
             elif not self.blocks[i].heavy:
                 j, want = i + 1, "none"  # a light block (the loss) is left alone
             else:
@@ -487,15 +492,18 @@ def _solve_block_options(g, ops, produced, residuals, caps, method, time_limit):
     """Candidate saved sets for one block, aligned to a fixed list of kinds.
 
     Kinds: `recompute` (nothing saved), `save:dots` (outputs of dot_general/conv),
-    `save:names` (values the user tagged with checkpoint_name), and `ilp<c>%` (the least
+    `save:dots_no_batch` (outputs of dot_generals without batch dimensions), `save:names` (values the user tagged with checkpoint_name), and `ilp<c>%` (the least
     recompute time with saved bytes <= c% of the block's residual bytes, solved exactly).
     Every block has every kind, so a region over several blocks combines like with like.
     """
     from autoremat.solver import _region
 
     dots = frozenset(v for op in ops if op.primitive in ("dot_general", "conv_general_dilated") for v in op.outputs)
+    no_batch = frozenset(v for op in ops if op.primitive == "dot_general" and not op.params.get("batch_dims")
+                         for v in op.outputs)
     named = frozenset(v for op in ops if op.primitive == "name" for v in op.outputs)
-    kinds = [("recompute", frozenset()), ("save:dots", dots), ("save:names", named)]
+    kinds = [("recompute", frozenset()), ("save:dots", dots), ("save:dots_no_batch", no_batch),
+             ("save:names", named)]
     res_bytes = sum(g.values[v].nbytes for v in residuals if v in produced)
     problem = _region_problem(g, ops, produced, residuals) if res_bytes else None
     for c in caps:
