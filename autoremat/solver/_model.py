@@ -492,9 +492,10 @@ def _solve_block_options(g, ops, produced, residuals, caps, method, time_limit):
     """Candidate saved sets for one block, aligned to a fixed list of kinds.
 
     Kinds: `recompute` (nothing saved), `save:dots` (outputs of dot_general/conv),
-    `save:dots_no_batch` (outputs of dot_generals without batch dimensions), `save:names` (values the user tagged with checkpoint_name), and `ilp<c>%` (the least
-    recompute time with saved bytes <= c% of the block's residual bytes, solved exactly).
-    Every block has every kind, so a region over several blocks combines like with like.
+    `save:dots_no_batch` (outputs of dot_generals without batch dimensions), `save:names`
+    (values the user tagged with checkpoint_name), and `ilp<c>%` (the least recompute time
+    with saved bytes <= c% of the block's residual bytes, solved exactly).  Every block has
+    every kind, so a region over several blocks combines like with like.
     """
     from autoremat.solver import _region
 
@@ -743,6 +744,12 @@ def _region_recompute(g, blocks, data, i, j, oi, cache):
     return total_t, total_f
 
 
+def _with_name_aliases(ops, values: frozenset) -> frozenset:
+    """`values` plus the outputs of `name` (checkpoint_name) equations applied to them."""
+    return values | frozenset(o.outputs[0] for o in ops if o.primitive == "name" and o.inputs
+                              and o.inputs[0] in values)
+
+
 def _scan_options(g, b, d, cross, caps, method, time_limit, offload, host_bw, none_scale=1.0):
     op = g.ops[b.ops[0]]
     body = op.bodies[0]
@@ -784,8 +791,10 @@ def _scan_options(g, b, d, cross, caps, method, time_limit, offload, host_bw, no
         rf = length * sum(body.ops[o].cost.flops for o in R)
         s_b = sum(body.values[v].nbytes for v in saved)
         stored = length * (per_iter_in + s_b)
-        # The iteration's saved values are part of `stored` already.
-        live = stored + full_body - sum(body.values[v].nbytes for v in saved & raw_res) + cot
+        # The iteration's saved values are part of `stored` already; a saved value also
+        # stands for its `checkpoint_name` alias (same buffer: MaxText-style tags).
+        unneeded = _with_name_aliases(body_ops, saved) & raw_res
+        live = stored + full_body - sum(body.values[v].nbytes for v in unneeded) + cot
         opts.append(Option(f"scan:{name}", stored, live, rt, rf, 0,
                            {"kind": "scan", "op": op.id, "saved": saved}))
         if offload and s_b:
