@@ -52,7 +52,7 @@ RAISE_SLACK = 0.02
 MAX_RAISES = 4
 # After the solver's plan, at most MAX_UNIFORM_CHECKS faster uniform plans predicted within
 # UNIFORM_REACH x the budget are compiled in case the model over-predicted them.
-MAX_UNIFORM_CHECKS = 3
+MAX_UNIFORM_CHECKS = 4
 UNIFORM_REACH = 1.3
 # The option kinds that are JAX's built-in policies (nothing_saveable, dots_saveable,
 # dots_with_no_batch_dims_saveable) applied per block or to a scan body; one of them
@@ -215,7 +215,7 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
                 raise InfeasibleBudgetError(
                     f"budget {format_bytes(budget_bytes)} is below the lowest peak autoremat can reach for "
                     f"{meta['function']}, {format_bytes(e.lowest)} (predicted); raise the budget to at least "
-                    f"{format_bytes(e.lowest)}" + ("" if offload else " or enable offload (offload=True)"),
+                    f"{format_bytes(e.lowest)}" + _offload_hint(offload, profile, meta),
                     budget=budget_bytes, lowest=e.lowest) from None
             break
         say(f"round {rnd + 1}: solver {result.solver} ({result.status}, {result.solve_time:.2f}s) predicts "
@@ -275,6 +275,7 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
         # POLICY_TOLERANCE slower (or faster), and compiles within the budget wins.  FLOPs
         # are exact; the estimated time of memory-bound recomputation is not.
         best_flops = _recompute_flops(best[1])
+        solver_extra = best[0]
         for extra, kind, size, segs in sorted((c for c in cands if c[1] in POLICY_KINDS and c[2] <= 1),
                                               key=lambda c: _recompute_flops(c[3])):
             if (_recompute_flops(segs) >= best_flops or extra > best[0] * (1 + POLICY_TOLERANCE)
@@ -287,17 +288,26 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
                 break
         # Uniform plans (one option kind per block) that the model says are faster but over
         # budget may still fit: the model over-predicts plans that save much.  Compile the
-        # most promising few.
-        tries = 0
-        for extra, kind, size, segs in cands:
-            if tries >= MAX_UNIFORM_CHECKS or extra >= best[0]:
+        # ones likeliest to fit first (lowest predicted peak), each time among those faster
+        # than the best so far and either faster than the solver's plan by more than
+        # POLICY_TOLERANCE or recomputing no more FLOPs (so a policy chosen above for its
+        # FLOPs is not traded back for an estimate within the tolerance).
+        pred = {c[3]: evaluate(model.raw_problem, c[3])[0] for c in cands}
+        failed: set = set()
+        for _ in range(MAX_UNIFORM_CHECKS):
+            best_flops = _recompute_flops(best[1])
+            pool = [c for c in cands
+                    if c[3] != best[1] and c[3] not in failed and pred[c[3]] <= UNIFORM_REACH * budget_bytes
+                    and c[0] < best[0] and (c[0] * (1 + POLICY_TOLERANCE) < min(best[0], solver_extra)
+                                            or _recompute_flops(c[3]) <= best_flops)]
+            if not pool:
                 break
-            if segs == best[1] or evaluate(model.raw_problem, segs)[0] > UNIFORM_REACH * budget_bytes:
-                continue
-            tries += 1
+            extra, kind, size, segs = min(pool, key=lambda c: (pred[c[3]], c[0]))
             if compile_peak(segs) <= limit:
                 say(f"{_uniform_label(kind, size)} is faster and compiles within the budget")
-                return accept(segs, None, f"{_uniform_label(kind, size)}, blocks merged next")
+                best = (extra, segs, None, f"{_uniform_label(kind, size)}, blocks merged next")
+            else:
+                failed.add(segs)
         return accept(best[1], best[2], best[3])
     # The model and XLA disagree here.  Fall back on compile-verified candidates, for each
     # way of cutting the chain into blocks (activations opening the next layer, closing
@@ -336,7 +346,7 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
     raise InfeasibleBudgetError(
         f"budget {format_bytes(budget_bytes)} is below what autoremat could reach for {meta['function']}: the "
         f"lowest compiled peak it found is {format_bytes(lowest)}{margin}; raise the budget to at least "
-        f"{format_bytes(need)}" + ("" if offload or "offload" in meta else " or enable offload (offload=True)"),
+        f"{format_bytes(need)}" + _offload_hint(offload, profile, meta),
         budget=budget_bytes, lowest=need)
 
 
@@ -368,6 +378,14 @@ def _uniform_candidates(model: ChainModel) -> list:
                 cands.append((evaluate(model.raw_problem, segs)[1], kind, size, segs))
     cands.sort(key=lambda c: c[0])
     return cands
+
+
+def _offload_hint(offload: bool, profile, meta: dict) -> str:
+    """Suggest offload only where it can help: off, not on the CPU (host memory is device
+    memory there), and not already found useless by the probe."""
+    if offload or profile.name == "cpu" or "offload" in meta:
+        return ""
+    return " or enable offload (offload=True)"
 
 
 def _recompute_flops(segments) -> float:
