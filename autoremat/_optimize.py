@@ -326,8 +326,13 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
             except InfeasibleBudgetError:
                 pass
         if variant != "none":
+            # Fastest first, among those predicted within UNIFORM_REACH of the budget (the
+            # rest are hopeless and, on scans, crowd out the rest: 21 ILP caps); then the
+            # all-recompute ones.
             cands = _uniform_candidates(model)
-            chosen = cands[:max_candidates] + [c for c in cands[max_candidates:] if c[1].endswith("recompute")]
+            near = [c for c in cands if evaluate(model.raw_problem, c[3])[0] <= UNIFORM_REACH * budget_bytes]
+            chosen = near[:max_candidates]
+            chosen += [c for c in cands if c[1].endswith("recompute") and c not in chosen]
             say(f"the model and XLA disagree; trying {len(chosen)} compile-verified uniform plans (blocks merged "
                 f"{variant})")
             for extra, kind, size, segs in chosen:

@@ -75,3 +75,12 @@ for o in m.raw_options[(si, si + 1)]:
         stored = length * (per_iter_in + nb(saved))
         model = stored + nb(raw) - nb(_model._with_name_aliases(body_ops, saved) & raw)
         print(f"{o.name}: {model / MiB:.1f} / {(stored + anchored_live(saved)) / MiB:.1f}")
+
+print("\noption (the user's checkpoint_name tags): predicted / compiled peak (MiB), estimated extra ms, model GFLOP")
+for o in m.raw_options[(si, si + 1)]:
+    if o.name.startswith(("scan:save:name:", "scan:save:dots_no_batch+")):
+        segs = m.uniform(o.name, scans_only=True)
+        pred, extra = evaluate(m.raw_problem, segs)
+        comp = compiled_stats(apply(ex.fn, m.to_plan(segs)), *abstract).peak_bytes
+        flops = sum(sg.option.recompute_flops for sg in segs)
+        print(f"{o.name}: {pred / MiB:.1f} / {comp / MiB:.1f}, {extra * 1e3:.2f}, {flops / 1e9:.2f}", flush=True)

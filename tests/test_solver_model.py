@@ -206,3 +206,16 @@ def test_saved_values_stand_for_their_checkpoint_name_aliases_in_scan_bodies():
         predicted = _optimize.evaluate(model.raw_problem, segs)[0]
         compiled = compiled_stats(_optimize.apply(ex.fn, model.to_plan(segs)), *ex.args).peak_bytes
         assert abs(predicted - compiled) <= 0.1 * compiled, (kind, predicted, compiled)
+
+
+def test_scan_bodies_get_options_in_the_users_tag_names():
+    # MaxText presets are name lists: each tag alone, and the batch-free matmul outputs plus
+    # a tag that is not one of them (e.g. minimal_with_context = those + "context").
+    kw = dict(n_layers=2, d_model=128, seq=64, batch=2, vocab=256)
+    ex = examples.get_example("transformer_scan", **kw)
+    model = _model.build_chain_model(build_graph(ex.fn, *ex.args), offload=False)
+    names = set(model.option_kinds())
+    for tag in examples.TRANSFORMER_TAGS:
+        assert f"scan:save:name:{tag}" in names
+    assert "scan:save:dots_no_batch+context" in names
+    assert "scan:save:dots_no_batch+query_proj" not in names  # already a batch-free matmul output

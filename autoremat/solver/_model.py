@@ -783,6 +783,16 @@ def _scan_options(g, b, d, cross, caps, method, time_limit, offload, host_bw, no
     # the whole scan: ask the region solver at a finer grid of caps than for blocks.
     scan_caps = sorted(set(caps) | set(SCAN_CAPS))
     cands = _solve_block_options(body, body_ops, produced, residuals, scan_caps, method, time_limit)
+    # The user's own vocabulary: each checkpoint_name saved alone, and with the matmul
+    # outputs without batch dimensions (MaxText's save_out_proj, minimal_with_context, ...).
+    tags: dict[str, frozenset] = {}
+    for o in body_ops:
+        if o.primitive == "name" and isinstance(o.params.get("name"), str):
+            tags[o.params["name"]] = tags.get(o.params["name"], frozenset()) | frozenset(o.outputs)
+    no_batch = dict(cands).get("save:dots_no_batch", frozenset())
+    covered = _with_name_aliases(body_ops, no_batch)  # tags of those matmul outputs add nothing
+    cands = tuple(cands) + tuple((f"save:name:{n}", vs) for n, vs in sorted(tags.items())) + tuple(
+        (f"save:dots_no_batch+{n}", no_batch | vs) for n, vs in sorted(tags.items()) if not vs <= covered)
     body_time = sum(o.time for o in body_ops)
     body_rt = recompute_times(body)
     for name, saved in cands:
