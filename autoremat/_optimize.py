@@ -488,7 +488,9 @@ def optimize(fn, budget, *, device=None, offload=None, solver: str = "auto", tim
         `"512MiB"`, an int number of bytes, a float in (0, 1] (fraction of the un-optimized
         peak), or `"auto"` (90% of the device's memory).
       device: device profile name or `DeviceProfile` for the time model (default: detected).
-      offload: allow offloading to pinned host memory (default: on except on CPU).
+      offload: allow offloading to pinned host memory (default: on except on CPU).  With
+        validation on, it is dropped where compiling shows that offloading does not lower
+        the peak (`plan.meta["offload"]` then says so).
       solver: "auto" (DP, plus CP-SAT on small chains), "dp", "cpsat" or "greedy".
       time_limit: seconds for the exact solver.
       validate: compile to check the plan and correct the model (default True).
