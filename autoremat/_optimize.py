@@ -21,6 +21,7 @@ import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import jax
 
@@ -276,15 +277,14 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
         # are exact; the estimated time of memory-bound recomputation is not.
         best_flops = _recompute_flops(best[1])
         solver_extra = best[0]
-        for extra, kind, size, segs in sorted((c for c in cands if c[1] in POLICY_KINDS and c[2] <= 1),
-                                              key=lambda c: _recompute_flops(c[3])):
-            if (_recompute_flops(segs) >= best_flops or extra > best[0] * (1 + POLICY_TOLERANCE)
-                    or evaluate(model.raw_problem, segs)[0] > UNIFORM_REACH * budget_bytes):
+        for c in sorted((c for c in cands if c.kind in POLICY_KINDS and c.size <= 1), key=lambda c: c.flops):
+            if (c.flops >= best_flops or c.extra > best[0] * (1 + POLICY_TOLERANCE)
+                    or c.peak > UNIFORM_REACH * budget_bytes):
                 continue
-            if compile_peak(segs) <= limit:
-                say(f"{_uniform_label(kind, size)} recomputes fewer FLOPs at about the same estimated time "
-                    f"and compiles within the budget")
-                best = (extra, segs, None, f"{_uniform_label(kind, size)}, blocks merged next")
+            if compile_peak(c.segs) <= limit:
+                say(f"{c.label} recomputes fewer FLOPs at about the same estimated time and compiles within "
+                    f"the budget")
+                best = (c.extra, c.segs, None, f"{c.label}, blocks merged next")
                 break
         # Uniform plans (one option kind per block) that the model says are faster but over
         # budget may still fit: the model over-predicts plans that save much.  Compile the
@@ -292,22 +292,21 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
         # than the best so far and either faster than the solver's plan by more than
         # POLICY_TOLERANCE or recomputing no more FLOPs (so a policy chosen above for its
         # FLOPs is not traded back for an estimate within the tolerance).
-        pred = {c[3]: evaluate(model.raw_problem, c[3])[0] for c in cands}
         failed: set = set()
         for _ in range(MAX_UNIFORM_CHECKS):
             best_flops = _recompute_flops(best[1])
             pool = [c for c in cands
-                    if c[3] != best[1] and c[3] not in failed and pred[c[3]] <= UNIFORM_REACH * budget_bytes
-                    and c[0] < best[0] and (c[0] * (1 + POLICY_TOLERANCE) < min(best[0], solver_extra)
-                                            or _recompute_flops(c[3]) <= best_flops)]
+                    if c.segs != best[1] and c.segs not in failed and c.peak <= UNIFORM_REACH * budget_bytes
+                    and c.extra < best[0] and (c.extra * (1 + POLICY_TOLERANCE) < min(best[0], solver_extra)
+                                               or c.flops <= best_flops)]
             if not pool:
                 break
-            extra, kind, size, segs = min(pool, key=lambda c: (pred[c[3]], c[0]))
-            if compile_peak(segs) <= limit:
-                say(f"{_uniform_label(kind, size)} is faster and compiles within the budget")
-                best = (extra, segs, None, f"{_uniform_label(kind, size)}, blocks merged next")
+            c = min(pool, key=lambda c: (c.peak, c.extra))
+            if compile_peak(c.segs) <= limit:
+                say(f"{c.label} is faster and compiles within the budget")
+                best = (c.extra, c.segs, None, f"{c.label}, blocks merged next")
             else:
-                failed.add(segs)
+                failed.add(c.segs)
         return accept(best[1], best[2], best[3])
     # The model and XLA disagree here.  Fall back on compile-verified candidates, for each
     # way of cutting the chain into blocks (activations opening the next layer, closing
@@ -330,16 +329,15 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
             # rest are hopeless and, on scans, crowd out the rest: 21 ILP caps); then the
             # all-recompute ones.
             cands = _uniform_candidates(model)
-            near = [c for c in cands if evaluate(model.raw_problem, c[3])[0] <= UNIFORM_REACH * budget_bytes]
-            chosen = near[:max_candidates]
-            chosen += [c for c in cands if c[1].endswith("recompute") and c not in chosen]
+            chosen = [c for c in cands if c.peak <= UNIFORM_REACH * budget_bytes][:max_candidates]
+            chosen += [c for c in cands if c.kind.endswith("recompute") and c not in chosen]
             say(f"the model and XLA disagree; trying {len(chosen)} compile-verified uniform plans (blocks merged "
                 f"{variant})")
-            for extra, kind, size, segs in chosen:
-                peak = compile_peak(segs)
+            for c in chosen:
+                peak = compile_peak(c.segs)
                 if peak <= limit:
-                    say(f"{_uniform_label(kind, size)}: compiled {format_bytes(peak)} fits")
-                    return accept(segs, None, f"{_uniform_label(kind, size)}, blocks merged {variant}")
+                    say(f"{c.label}: compiled {format_bytes(peak)} fits")
+                    return accept(c.segs, None, f"{c.label}, blocks merged {variant}")
         low = lowest_peak_segments(model.problem)
         if compile_peak(low) <= limit:
             return accept(low, None, f"lowest predicted peak, blocks merged {variant}")
@@ -368,11 +366,27 @@ def _variants(g, model: ChainModel, offload: bool, say, block_cache: dict):
                                     block_cache=block_cache)
 
 
-def _uniform_candidates(model: ChainModel) -> list:
-    """(estimated extra time, kind, size, segments) of uniform plans, fastest first: every
-    option kind per block and per pair of blocks, all-recompute also over 3 and 4 blocks;
-    where the chain has scans, every kind on the scan bodies alone (size 0), which is how
-    a policy on the body of a scan over layers looks."""
+class _Candidate(NamedTuple):
+    """A uniform plan: one option kind over every `size` blocks (0: on the scan bodies
+    alone), with the model's estimated extra time, predicted peak and recomputed FLOPs."""
+
+    extra: float
+    kind: str
+    size: int
+    segs: tuple
+    peak: int
+    flops: float
+
+    @property
+    def label(self) -> str:
+        return _uniform_label(self.kind, self.size)
+
+
+def _uniform_candidates(model: ChainModel) -> list[_Candidate]:
+    """Uniform plans, fastest first: every option kind per block and per pair of blocks,
+    all-recompute also over 3 and 4 blocks; where the chain has scans, every kind on the
+    scan bodies alone (size 0), which is how a policy on the body of a scan over layers
+    looks."""
     cands, seen = [], set()
     has_scan = any(b.kind == "scan" for b in model.blocks)
     for kind in model.option_kinds():
@@ -380,8 +394,9 @@ def _uniform_candidates(model: ChainModel) -> list:
             segs = model.uniform(kind, max(size, 1), scans_only=size == 0)
             if segs is not None and segs not in seen and (size <= 2 or kind.endswith("recompute")):
                 seen.add(segs)
-                cands.append((evaluate(model.raw_problem, segs)[1], kind, size, segs))
-    cands.sort(key=lambda c: c[0])
+                peak, extra = evaluate(model.raw_problem, segs)
+                cands.append(_Candidate(extra, kind, size, segs, peak, _recompute_flops(segs)))
+    cands.sort(key=lambda c: c.extra)
     return cands
 
 

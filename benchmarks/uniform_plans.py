@@ -25,19 +25,15 @@ MiB = 2**20
 cp = jax.checkpoint_policies
 print("backend", jax.default_backend(), jax.__version__, "XLA_FLAGS", os.environ.get("XLA_FLAGS"), flush=True)
 models = sys.argv[1].split(",") if len(sys.argv) > 1 else ["transformer"]
-out = {}
-def st(fn, args):
-    s = compiled_stats(fn, *args)
-    return s
 def fmt(s):
     return f"peak {s.peak_bytes/MiB:.1f} (arg {s.argument_bytes/MiB:.1f} out {s.output_bytes/MiB:.1f} temp {s.temp_bytes/MiB:.1f} alias {s.alias_bytes/MiB:.1f} host {s.host_bytes/MiB:.1f}) flops {s.flops/1e9:.2f}G"
 for name in models:
     ex = get_example(name)
     print(f"== {name}", flush=True)
-    print("no remat:", fmt(st(ex.fn, ex.args)), flush=True)
+    print("no remat:", fmt(compiled_stats(ex.fn, *ex.args)), flush=True)
     for pol in ("nothing_saveable", "dots_saveable"):
         e2 = get_example(name, policy=getattr(cp, pol))
-        print(f"{pol}:", fmt(st(e2.fn, e2.args)), flush=True)
+        print(f"{pol}:", fmt(compiled_stats(e2.fn, *e2.args)), flush=True)
     absargs = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), ex.args)
     tr = trace(ex.fn, absargs, {})
     g = graph_from_traced(tr, profile=detect_profile())
@@ -53,10 +49,10 @@ for name in models:
             pred = evaluate(m.raw_problem, segs)[0]
             plan = m.to_plan(segs)
             f = apply(ex.fn, plan)
-            s1 = st(f, absargs)
-            s2 = st(f, ex.args)
+            s1 = compiled_stats(f, *absargs)
+            s2 = compiled_stats(f, *ex.args)
             print(f"{kind} x{size}: pred {pred/MiB:.1f} | abstract {fmt(s1)} | concrete peak {s2.peak_bytes/MiB:.1f}", flush=True)
         low = lowest_peak_segments(m.problem)
         pred = evaluate(m.raw_problem, low)[0]
-        s1 = st(apply(ex.fn, m.to_plan(low)), absargs)
+        s1 = compiled_stats(apply(ex.fn, m.to_plan(low)), *absargs)
         print(f"lowest: pred {pred/MiB:.1f} | {fmt(s1)} | {[sg.option.name for sg in low]}", flush=True)
