@@ -333,6 +333,7 @@ def _closure(g: Graph, ops: Sequence[str], saved: frozenset[str], need_outputs: 
     Returns (recomputed op ids, values produced before the block that are needed).
     """
     opset = set(ops)
+    saved = _with_name_aliases([g.ops[o] for o in ops], saved)
     R: set[str] = set()
     outside: set[str] = set()
     stack = [v for v in (residuals | need_outputs) if v not in saved]
@@ -745,9 +746,19 @@ def _region_recompute(g, blocks, data, i, j, oi, cache):
 
 
 def _with_name_aliases(ops, values: frozenset) -> frozenset:
-    """`values` plus the outputs of `name` (checkpoint_name) equations applied to them."""
-    return values | frozenset(o.outputs[0] for o in ops if o.primitive == "name" and o.inputs
-                              and o.inputs[0] in values)
+    """`values` plus their `checkpoint_name` aliases, both ways.
+
+    A `name` equation's output and input are one buffer: saving `checkpoint_name(x @ w, "out")`
+    keeps the matmul output too, so recomputing what reads it does not re-run the matmul.
+    """
+    out = set(values)
+    for o in ops:
+        if o.primitive == "name" and o.inputs and o.outputs:
+            if o.inputs[0] in values:
+                out.add(o.outputs[0])
+            elif o.outputs[0] in values:
+                out.add(o.inputs[0])
+    return frozenset(out)
 
 
 def _scan_options(g, b, d, cross, caps, method, time_limit, offload, host_bw, none_scale=1.0):
