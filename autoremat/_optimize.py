@@ -277,7 +277,8 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
         # are exact; the estimated time of memory-bound recomputation is not.
         best_flops = _recompute_flops(best[1])
         solver_extra = best[0]
-        for c in sorted((c for c in cands if c.kind in POLICY_KINDS and c.size <= 1), key=lambda c: c.flops):
+        for c in sorted((c for c in cands if c.kind in POLICY_KINDS and (c.size <= 1 or c.offset)),
+                        key=lambda c: c.flops):
             if (c.flops >= best_flops or c.extra > best[0] * (1 + POLICY_TOLERANCE)
                     or c.peak > UNIFORM_REACH * budget_bytes):
                 continue
@@ -376,9 +377,12 @@ class _Candidate(NamedTuple):
     segs: tuple
     peak: int
     flops: float
+    offset: int = 0  # nonzero: regions of `size` blocks from this block on (one per layer)
 
     @property
     def label(self) -> str:
+        if self.offset:
+            return f"uniform {self.kind} per repeated unit of {self.size} blocks"
         return _uniform_label(self.kind, self.size)
 
 
@@ -386,16 +390,22 @@ def _uniform_candidates(model: ChainModel) -> list[_Candidate]:
     """Uniform plans, fastest first: every option kind per block and per pair of blocks,
     all-recompute also over 3 and 4 blocks; where the chain has scans, every kind on the
     scan bodies alone (size 0), which is how a policy on the body of a scan over layers
-    looks."""
+    looks; where block structures repeat (`ChainModel.period`), JAX's policies once per
+    repeated unit (a layer, cut where the least crosses)."""
     cands, seen = [], set()
     has_scan = any(b.kind == "scan" for b in model.blocks)
+    period = model.period()
     for kind in model.option_kinds():
-        for size in (0, 1, 2, 3, 4) if has_scan else (1, 2, 3, 4):
-            segs = model.uniform(kind, max(size, 1), scans_only=size == 0)
-            if segs is not None and segs not in seen and (size <= 2 or kind.endswith("recompute")):
+        shapes = [(size, 0) for size in ((0, 1, 2, 3, 4) if has_scan else (1, 2, 3, 4))
+                  if size <= 2 or kind.endswith("recompute")]
+        if period is not None and kind in POLICY_KINDS:
+            shapes.append((period[1], period[0]))  # one region per repeated unit (layer)
+        for size, offset in shapes:
+            segs = model.uniform(kind, max(size, 1), scans_only=size == 0, offset=offset)
+            if segs is not None and segs not in seen:
                 seen.add(segs)
                 peak, extra = evaluate(model.raw_problem, segs)
-                cands.append(_Candidate(extra, kind, size, segs, peak, _recompute_flops(segs)))
+                cands.append(_Candidate(extra, kind, size, segs, peak, _recompute_flops(segs), offset))
     cands.sort(key=lambda c: c.extra)
     return cands
 

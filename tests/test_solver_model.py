@@ -241,3 +241,20 @@ def test_saving_a_tag_avoids_recomputing_its_matmul(tag):
     nothing = sum(sg.option.recompute_flops for sg in model.uniform("ckpt:recompute", scans_only=True))
     assert modelled < nothing
     assert abs(modelled - xla_extra) <= 0.02 * xla_extra, (modelled, xla_extra)
+
+
+def test_period_finds_the_layers_of_an_unrolled_stack():
+    # The 4-layer transformer's chain repeats every 7 blocks; one region per repeated unit,
+    # cut where the least crosses, is a layer-sized policy candidate.  The MLP's blocks are
+    # its layers already (period 1: None); the U-Net does not repeat.
+    ex = examples.get_example("transformer")
+    model = _model.build_chain_model(build_graph(ex.fn, *ex.args), offload=False)
+    offset, p = model.period()
+    sigs = [b.signature for b in model.blocks]
+    assert p >= 2 and sigs[offset:offset + p] == sigs[offset + p:offset + 2 * p]
+    segs = model.uniform("ckpt:recompute", p, offset=offset)
+    assert segs[0].stop == offset and all(sg.stop - sg.start <= p for sg in segs)
+    assert [sg.stop - sg.start for sg in segs[1:-1]] == [p] * (len(segs) - 2)
+    for name in ("mlp_chain", "convnet"):
+        ex = examples.get_example(name)
+        assert _model.build_chain_model(build_graph(ex.fn, *ex.args), offload=False).period() is None
