@@ -383,7 +383,9 @@ class _Candidate(NamedTuple):
     def label(self) -> str:
         if self.offset:
             return f"uniform {self.kind} per repeated unit of {self.size} blocks"
-        return _uniform_label(self.kind, self.size)
+        if self.size == 0:
+            return f"uniform {self.kind} on the scan bodies"
+        return f"uniform {self.kind} x{self.size}"
 
 
 def _uniform_candidates(model: ChainModel) -> list[_Candidate]:
@@ -420,10 +422,6 @@ def _offload_hint(offload: bool, profile, meta: dict) -> str:
 
 def _recompute_flops(segments) -> float:
     return sum(sg.option.recompute_flops for sg in segments)
-
-
-def _uniform_label(kind: str, size: int) -> str:
-    return f"uniform {kind} on the scan bodies" if size == 0 else f"uniform {kind} x{size}"
 
 
 def _all_none(model: ChainModel):

@@ -178,15 +178,25 @@ def test_uniform_on_scan_bodies_leaves_other_blocks_alone():
         assert sg.option.name == ("scan:save:dots" if scan else "none")
 
 
+SMALL_SCAN = dict(n_layers=2, d_model=128, seq=64, batch=2, vocab=256)
+
+
+@pytest.fixture(scope="module")
+def small_scan():
+    """The small tagged scan transformer and its chain model (offload off), built once."""
+    ex = examples.get_example("transformer_scan", **SMALL_SCAN)
+    return ex, _model.build_chain_model(build_graph(ex.fn, *ex.args), offload=False)
+
+
 @pytest.mark.parametrize("policy", ["dots_saveable", "dots_with_no_batch_dims_saveable"])
 def test_optimize_recomputes_no_more_than_a_scan_body_policy_at_its_peak(policy):
     # The budget is the compiled peak of the policy on the scan body.  On this model the
     # solver's own plans (ILP saved sets) recompute more FLOPs at about the same estimated
     # time; optimize must try the policy itself and return a plan that fits and recomputes
     # no more (XLA counts the body once in both).
-    kw = dict(n_layers=2, d_model=128, seq=64, batch=2, vocab=256)
-    ex = examples.get_example("transformer_scan", **kw)
-    ref_ex = examples.get_example("transformer_scan", policy=getattr(jax.checkpoint_policies, policy), **kw)
+    ex = examples.get_example("transformer_scan", **SMALL_SCAN)
+    ref_ex = examples.get_example("transformer_scan", policy=getattr(jax.checkpoint_policies, policy),
+                                  **SMALL_SCAN)
     ref = compiled_stats(ref_ex.fn, *ref_ex.args)
     opt = _optimize.optimize(ex.fn, budget=ref.peak_bytes)
     got = opt.validate(*ex.args)
@@ -194,13 +204,11 @@ def test_optimize_recomputes_no_more_than_a_scan_body_policy_at_its_peak(policy)
     assert got.compiled.flops <= ref.flops * (1 + 1e-6)
 
 
-def test_saved_values_stand_for_their_checkpoint_name_aliases_in_scan_bodies():
+def test_saved_values_stand_for_their_checkpoint_name_aliases_in_scan_bodies(small_scan):
     # MaxText-style tags: `checkpoint_name(x @ w, "query_proj")`.  Saving the dot output
     # also covers the tagged alias, which is what JAX's residual list holds; counting the
     # alias as still to be recomputed over-predicted the scan by 12-13% here.
-    kw = dict(n_layers=2, d_model=128, seq=64, batch=2, vocab=256)
-    ex = examples.get_example("transformer_scan", **kw)
-    model = _model.build_chain_model(build_graph(ex.fn, *ex.args), offload=False)
+    ex, model = small_scan
     for kind in ("ckpt:save:dots", "ckpt:save:dots_no_batch"):
         segs = model.uniform(kind, scans_only=True)
         predicted = _optimize.evaluate(model.raw_problem, segs)[0]
@@ -208,12 +216,10 @@ def test_saved_values_stand_for_their_checkpoint_name_aliases_in_scan_bodies():
         assert abs(predicted - compiled) <= 0.1 * compiled, (kind, predicted, compiled)
 
 
-def test_scan_bodies_get_options_in_the_users_tag_names():
+def test_scan_bodies_get_options_in_the_users_tag_names(small_scan):
     # MaxText presets are name lists: each tag alone, and the batch-free matmul outputs plus
     # a tag that is not one of them (e.g. minimal_with_context = those + "context").
-    kw = dict(n_layers=2, d_model=128, seq=64, batch=2, vocab=256)
-    ex = examples.get_example("transformer_scan", **kw)
-    model = _model.build_chain_model(build_graph(ex.fn, *ex.args), offload=False)
+    ex, model = small_scan
     names = set(model.option_kinds())
     for tag in examples.TRANSFORMER_TAGS:
         assert f"scan:save:name:{tag}" in names
@@ -222,20 +228,18 @@ def test_scan_bodies_get_options_in_the_users_tag_names():
 
 
 @pytest.mark.parametrize("tag", ["out_proj", "query_proj"])
-def test_saving_a_tag_avoids_recomputing_its_matmul(tag):
+def test_saving_a_tag_avoids_recomputing_its_matmul(tag, small_scan):
     # `checkpoint_name(x @ w, "out_proj")`: the tag and the matmul output are one buffer, so
     # saving the tag spares the matmul in the recomputation.  The FLOP model used to re-run
     # it (out_proj saved = nothing saved, 2.45 GFLOP on the benchmark size, where XLA counts
     # MaxText's save_out_proj at 2.18; query_proj feeds a matmul directly and was right
     # already).  XLA counts the scan body once: scale by the layers.
-    kw = dict(n_layers=2, d_model=128, seq=64, batch=2, vocab=256)
-    ex = examples.get_example("transformer_scan", **kw)
-    model = _model.build_chain_model(build_graph(ex.fn, *ex.args), offload=False)
+    ex, model = small_scan
     policy = jax.checkpoint_policies.save_only_these_names(tag)
-    ref_ex = examples.get_example("transformer_scan", policy=policy, **kw)
+    ref_ex = examples.get_example("transformer_scan", policy=policy, **SMALL_SCAN)
     ref = compiled_stats(ref_ex.fn, *ref_ex.args).flops
     none = compiled_stats(ex.fn, *ex.args).flops
-    xla_extra = (ref - none) * kw["n_layers"]
+    xla_extra = (ref - none) * SMALL_SCAN["n_layers"]
     segs = model.uniform(f"scan:save:name:{tag}", scans_only=True)
     modelled = sum(sg.option.recompute_flops for sg in segs)
     nothing = sum(sg.option.recompute_flops for sg in model.uniform("ckpt:recompute", scans_only=True))
