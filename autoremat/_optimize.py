@@ -327,11 +327,16 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
                 pass
         if variant != "none":
             # Fastest first, among those predicted within UNIFORM_REACH of the budget (the
-            # rest are hopeless and, on scans, crowd out the rest: 21 ILP caps); then the
-            # all-recompute ones.
+            # rest are hopeless and, on scans, crowd out the rest: 21 ILP caps), with JAX's
+            # built-in policies per block, per layer or on the scan bodies and the
+            # all-recompute ones always among them (on the small scan transformer the eight
+            # fastest were all ILP sets over budget, and all-recompute won over
+            # dots_with_no_batch_dims_saveable, which fitted).
             cands = _uniform_candidates(model)
             chosen = [c for c in cands if c.peak <= UNIFORM_REACH * budget_bytes][:max_candidates]
-            chosen += [c for c in cands if c.kind.endswith("recompute") and c not in chosen]
+            chosen += [c for c in cands if c not in chosen and (
+                c.kind.endswith("recompute") or (c.kind in POLICY_KINDS and (c.size <= 1 or c.offset)))]
+            chosen.sort(key=lambda c: c.extra)
             say(f"the model and XLA disagree; trying {len(chosen)} compile-verified uniform plans (blocks merged "
                 f"{variant})")
             for c in chosen:

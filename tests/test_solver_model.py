@@ -216,6 +216,21 @@ def test_saved_values_stand_for_their_checkpoint_name_aliases_in_scan_bodies(sma
         assert abs(predicted - compiled) <= 0.1 * compiled, (kind, predicted, compiled)
 
 
+@pytest.mark.parametrize("kind", ["ckpt:recompute", "ckpt:save:dots_no_batch", "scan:save:name:mlpwi",
+                                  "scan:save:name:out_proj"])
+def test_scan_body_plans_are_predicted_within_six_percent(kind, small_scan):
+    # What one iteration's backward holds depends on what the body saves: re-run
+    # elementwise chains (and outputs of expensive ones: exp, tanh, div) are materialized,
+    # chains from saved values are fused.  Counting JAX's full residual list less the saved
+    # values instead over-predicted these by up to 10.9% here (mlpwi; 21.7% at the
+    # benchmark size).
+    ex, model = small_scan
+    segs = model.uniform(kind, scans_only=True)
+    predicted = _optimize.evaluate(model.raw_problem, segs)[0]
+    compiled = compiled_stats(_optimize.apply(ex.fn, model.to_plan(segs)), *ex.args).peak_bytes
+    assert abs(predicted - compiled) <= 0.06 * compiled, (predicted, compiled)
+
+
 def test_scan_bodies_get_options_in_the_users_tag_names(small_scan):
     # MaxText presets are name lists: each tag alone, and the batch-free matmul outputs plus
     # a tag that is not one of them (e.g. minimal_with_context = those + "context").

@@ -398,6 +398,10 @@ def _fusible(op: OpInfo) -> bool:
 
 
 FUSION_DEPTH = 12
+# Elementwise primitives XLA counts as expensive and does not duplicate into several fusions
+# (transcendentals, division): in a checkpointed run their re-run outputs are materialized.
+EXPENSIVE = frozenset({"exp", "exp2", "expm1", "log", "log1p", "tanh", "logistic", "erf", "div", "rsqrt",
+                       "sqrt", "pow"})
 
 
 def recompute_times(g: Graph) -> dict[str, float]:
@@ -434,7 +438,8 @@ def recompute_times(g: Graph) -> dict[str, float]:
     return out
 
 
-def stored_residuals(g: Graph, ops: Sequence[OpInfo]) -> tuple[frozenset[str], int]:
+def stored_residuals(g: Graph, ops: Sequence[OpInfo],
+                     saved: frozenset[str] | None = None) -> tuple[frozenset[str], int]:
     """The residuals XLA actually keeps for a run of equations, and their extra bytes.
 
     JAX's linearization lists every value each equation's backward reads, but XLA fuses
@@ -444,32 +449,60 @@ def stored_residuals(g: Graph, ops: Sequence[OpInfo]) -> tuple[frozenset[str], i
     from that equation's inputs (up to FUSION_DEPTH levels); extras of fusible equations
     (`1 - tanh(x)**2`) are recomputed from their inputs.  What remains is stored.  Measured
     against compiled no-remat steps: benchmarks report the error per model.
+
+    With `saved` (the run is checkpointed and saves these values), an elementwise chain
+    whose roots include a value the run recomputes is kept whole instead: XLA materializes
+    the re-run chain's values (and extras) rather than fusing them into the backward; and
+    outputs of EXPENSIVE equations count as roots (XLA does not duplicate them into several
+    fusions).  Measured on the scan transformer's body (jax 0.10.2, CPU, benchmark size):
+    per-iteration live bytes with nothing saved are close to JAX's full list, and with the
+    matmul outputs saved close to the fusion-aware set; this rule gives both.  Predicted vs
+    compiled over 9 body plans: +13.5% (`save:name:mlpwi`) to -5.7%, where counting JAX's
+    full list less the saved values gave +21.7% to +3.5%.  Used for scan bodies only (see
+    `build_chain_model`).
     """
     local = {op.id for op in ops}
     out: set[str] = set()
     extra = 0
 
-    def keep(v: str, depth: int):
+    def roots(v: str, depth: int, acc: set[str]):
         prod = g.values[v].producer
         if prod is None:
             return  # a function input: counted in the base already
         op = g.ops.get(prod)
-        if op is not None and prod in local and _fusible(op) and depth < FUSION_DEPTH:
+        if (op is not None and prod in local and _fusible(op) and depth < FUSION_DEPTH
+                and not (saved is not None and op.primitive in EXPENSIVE)):
             for u in op.inputs:
-                keep(u, depth + 1)
+                roots(u, depth + 1, acc)
         else:
-            out.add(v)
+            acc.add(v)
+
+    def recomputed(acc: set[str]) -> bool:
+        return saved is not None and any(g.values[u].producer in local and u not in saved for u in acc)
 
     for op in ops:
+        fusible = _fusible(op)
         for v in op.residual_inputs + op.residual_outputs:
-            if _fusible(op):
-                keep(v, 0)  # read by elementwise backward work: fused, recomputed
-            elif g.values[v].producer is not None:
+            if g.values[v].producer is None:
+                continue
+            if not fusible:
                 out.add(v)  # read by a matmul/conv/reduction backward: stored as is
+                continue
+            acc: set[str] = set()
+            roots(v, 0, acc)  # read by elementwise backward work: fused, recomputed ...
+            if recomputed(acc) and g.values[v].producer in local:
+                out.add(v)  # ... unless its chain is re-run: then kept whole
+            else:
+                out |= acc
         if op.extra_residual_bytes:
-            if _fusible(op):
+            if fusible:
+                acc = set()
                 for u in op.inputs:
-                    keep(u, 1)
+                    roots(u, 1, acc)
+                if recomputed(acc):
+                    extra += op.extra_residual_bytes
+                else:
+                    out |= acc
             else:
                 extra += op.extra_residual_bytes
     return frozenset(out), extra
@@ -690,7 +723,10 @@ def build_chain_model(g: Graph, *, offload: bool = True, max_region_blocks: int 
                 rtime, rflops = _region_recompute(g, blocks, data, i, j, oi, closure_cache)
                 s_b = nbytes(saved)
                 # Checkpointed: inputs and saved values stay; the rest is recomputed up front
-                # and freed as the backward goes.
+                # and freed as the backward goes.  (The scan bodies' rule, chains re-run kept
+                # whole, is not used here: it lowered the unrolled transformer's predictions
+                # further below XLA's, -3% -> -10% with nothing saved per block, and the
+                # U-Net's solver plans then missed its 9.1 MiB floor; docs/FINDINGS.md.)
                 live_bwd = nbytes(inputs | saved) + profile.peak(a, b, (res_union & produced) - saved)
                 opts.append(Option(f"ckpt:{name}", in_b + s_b, live_bwd, rtime, rflops, 0,
                                    {"kind": "region", "saved": frozenset(saved)}))
@@ -813,10 +849,7 @@ def _scan_options(g, b, d, cross, caps, method, time_limit, offload, host_bw, no
     # While one iteration's backward runs, its recomputed residuals are live.  Inside a
     # loop body XLA keeps more than the fusion-aware set (measured on the scan transformer,
     # nothing saved: fusion-aware 43.6 MiB predicted vs 50.8 compiled; JAX's full list
-    # 54.1): count JAX's full list there.
-    raw_res = {v for o in body_ops for v in o.residual_inputs + o.residual_outputs
-               if body.values[v].producer is not None}
-    full_body = sum(body.values[v].nbytes for v in raw_res) + sum(o.extra_residual_bytes for o in body_ops)
+    # 54.1): chains re-run are kept whole (`stored_residuals` with a saved set).
     # The body is solved once for all iterations, and its saved set is the only knob of
     # the whole scan: ask the region solver at a finer grid of caps than for blocks.
     scan_caps = sorted(set(caps) | set(SCAN_CAPS))
@@ -840,14 +873,17 @@ def _scan_options(g, b, d, cross, caps, method, time_limit, offload, host_bw, no
         s_b = sum(body.values[v].nbytes for v in saved)
         stored = length * (per_iter_in + s_b)
         # The iteration's saved values are part of `stored` already; a saved value also
-        # stands for its `checkpoint_name` alias (same buffer: MaxText-style tags).
-        unneeded = _with_name_aliases(body_ops, saved) & raw_res
-        live = stored + full_body - sum(body.values[v].nbytes for v in unneeded) + cot
+        # stands for its `checkpoint_name` alias (same buffer: MaxText-style tags).  The
+        # rest of what its backward reads is re-run and live (chains re-run are kept whole).
+        kept = _with_name_aliases(body_ops, saved)
+        rerun, rerun_extra = stored_residuals(body, body_ops, kept)
+        iteration = sum(body.values[v].nbytes for v in rerun - kept) + rerun_extra + cot
+        live = stored + iteration
         opts.append(Option(f"scan:{name}", stored, live, rt, rf, 0,
                            {"kind": "scan", "op": op.id, "saved": saved}))
         if offload and s_b:
             exposed = max(0.0, 2 * length * s_b / host_bw - OFFLOAD_OVERLAP * 3 * length * body_time)
-            opts.append(Option(f"scan:{name}+offload", length * per_iter_in, length * per_iter_in + full_body + cot,
+            opts.append(Option(f"scan:{name}+offload", length * per_iter_in, length * per_iter_in + s_b + iteration,
                                rt + exposed, rf,
                                length * s_b, {"kind": "scan", "op": op.id, "saved": frozenset(),
                                               "offloaded": saved}))
