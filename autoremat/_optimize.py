@@ -55,6 +55,7 @@ MAX_RAISES = 4
 # UNIFORM_REACH x the budget are compiled in case the model over-predicted them.
 MAX_UNIFORM_CHECKS = 4
 UNIFORM_REACH = 1.3
+UNIFORM_NEAR = 1.1
 # The option kinds that are JAX's built-in policies (nothing_saveable, dots_saveable,
 # dots_with_no_batch_dims_saveable) applied per block or to a scan body; one of them
 # replaces the solver's plan if it recomputes fewer FLOPs, is estimated at most this much
@@ -327,15 +328,19 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
                 pass
         if variant != "none":
             # Fastest first, among those predicted within UNIFORM_REACH of the budget (the
-            # rest are hopeless and, on scans, crowd out the rest: 21 ILP caps), with JAX's
-            # built-in policies per block, per layer or on the scan bodies and the
-            # all-recompute ones always among them (on the small scan transformer the eight
-            # fastest were all ILP sets over budget, and all-recompute won over
-            # dots_with_no_batch_dims_saveable, which fitted).
+            # rest are hopeless and, on scans, crowd out the rest: 21 ILP caps), the ones
+            # predicted within UNIFORM_NEAR taken first; JAX's built-in policies per block,
+            # per layer or on the scan bodies, the user's checkpoint_name tags saved alone
+            # and the all-recompute ones are always among them (on the small scan
+            # transformer the eight fastest were all ILP sets over budget, and all-recompute
+            # won over dots_with_no_batch_dims_saveable, which fitted).
             cands = _uniform_candidates(model)
-            chosen = [c for c in cands if c.peak <= UNIFORM_REACH * budget_bytes][:max_candidates]
+            reach = [c for c in cands if c.peak <= UNIFORM_REACH * budget_bytes]
+            chosen = ([c for c in reach if c.peak <= UNIFORM_NEAR * budget_bytes]
+                      + [c for c in reach if c.peak > UNIFORM_NEAR * budget_bytes])[:max_candidates]
             chosen += [c for c in cands if c not in chosen and (
-                c.kind.endswith("recompute") or (c.kind in POLICY_KINDS and (c.size <= 1 or c.offset)))]
+                c.kind.endswith("recompute") or c.kind.startswith("scan:save:name:")
+                or (c.kind in POLICY_KINDS and (c.size <= 1 or c.offset)))]
             chosen.sort(key=lambda c: c.extra)
             say(f"the model and XLA disagree; trying {len(chosen)} compile-verified uniform plans (blocks merged "
                 f"{variant})")

@@ -5,10 +5,11 @@
 On the built-in scan transformer (small size, offload off): for a few of the scan body's
 options applied to the scan alone, the increase of the predicted and of the compiled peak
 over the nothing-saved body, the saved bytes per iteration, and which saved values are in
-JAX's residual list (with `checkpoint_name` aliases) or the fusion-aware one.  Then an
-alternative live-body rule that was tried and not kept (recomputed residuals reachable from
-saved values through fusible equations alone are not counted) next to the model's, in MiB of
-scan stored + live body.  Prints to stdout (docs/FINDINGS.md).
+JAX's residual list (with `checkpoint_name` aliases) or the fusion-aware one.  Then, per body
+option, three live-body rules in MiB of scan stored + live body (without gradients and
+cotangents): the one used before 4767492, one tried and not kept (recomputed residuals
+reachable from saved values through fusible equations alone are not counted), and the
+model's (`stored_residuals` with the saved set), next to the compiled peak.  Prints to stdout (docs/FINDINGS.md).
 """
 from autoremat._xla import configure_cpu_flags
 
@@ -68,13 +69,19 @@ def anchored_live(saved):
 length = int(op.params["length"])
 ncar, nconst = int(op.params.get("num_carry", 0)), int(op.params.get("num_consts", 0))
 per_iter_in = nb(body.inputs[nconst:nconst + ncar])
-print("\noption: scan stored + live body, model / rule not kept (MiB)")
+print("\noption: scan stored + live body (MiB): JAX's full list less the saved values (the rule before "
+      "4767492) / anchored rule (not kept) / re-run chains kept whole (the model's rule); compiled peak")
 for o in m.raw_options[(si, si + 1)]:
     if o.name.startswith("scan:") and "offload" not in o.name:
         saved = o.payload["saved"]
+        kept = _model._with_name_aliases(body_ops, saved)
         stored = length * (per_iter_in + nb(saved))
-        model = stored + nb(raw) - nb(_model._with_name_aliases(body_ops, saved) & raw)
-        print(f"{o.name}: {model / MiB:.1f} / {(stored + anchored_live(saved)) / MiB:.1f}")
+        full = stored + nb(raw) - nb(kept & raw)
+        rerun, rerun_extra = _model.stored_residuals(body, body_ops, kept)
+        current = stored + nb(rerun - kept) + rerun_extra
+        comp = compiled_stats(apply(ex.fn, m.to_plan(m.uniform(o.name, scans_only=True))), *abstract).peak_bytes
+        print(f"{o.name}: {full / MiB:.1f} / {(stored + anchored_live(saved)) / MiB:.1f} / {current / MiB:.1f}; "
+              f"{comp / MiB:.1f}", flush=True)
 
 print("\noption (the user's checkpoint_name tags): predicted / compiled peak (MiB), estimated extra ms, model GFLOP")
 for o in m.raw_options[(si, si + 1)]:
