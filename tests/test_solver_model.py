@@ -188,6 +188,15 @@ def small_scan():
     return ex, _model.build_chain_model(build_graph(ex.fn, *ex.args), offload=False)
 
 
+def _scan_body_peaks(small_scan, kind):
+    """Predicted and compiled peak of option `kind` on the small scan's body alone."""
+    ex, model = small_scan
+    segs = model.uniform(kind, scans_only=True)
+    predicted = _optimize.evaluate(model.raw_problem, segs)[0]
+    compiled = compiled_stats(_optimize.apply(ex.fn, model.to_plan(segs)), *ex.args).peak_bytes
+    return predicted, compiled
+
+
 @pytest.mark.parametrize("policy", ["dots_saveable", "dots_with_no_batch_dims_saveable"])
 def test_optimize_recomputes_no_more_than_a_scan_body_policy_at_its_peak(policy):
     # The budget is the compiled peak of the policy on the scan body.  On this model the
@@ -208,11 +217,8 @@ def test_saved_values_stand_for_their_checkpoint_name_aliases_in_scan_bodies(sma
     # MaxText-style tags: `checkpoint_name(x @ w, "query_proj")`.  Saving the dot output
     # also covers the tagged alias, which is what JAX's residual list holds; counting the
     # alias as still to be recomputed over-predicted the scan by 12-13% here.
-    ex, model = small_scan
     for kind in ("ckpt:save:dots", "ckpt:save:dots_no_batch"):
-        segs = model.uniform(kind, scans_only=True)
-        predicted = _optimize.evaluate(model.raw_problem, segs)[0]
-        compiled = compiled_stats(_optimize.apply(ex.fn, model.to_plan(segs)), *ex.args).peak_bytes
+        predicted, compiled = _scan_body_peaks(small_scan, kind)
         assert abs(predicted - compiled) <= 0.1 * compiled, (kind, predicted, compiled)
 
 
@@ -224,10 +230,7 @@ def test_scan_body_plans_are_predicted_within_six_percent(kind, small_scan):
     # chains from saved values are fused.  Counting JAX's full residual list less the saved
     # values instead over-predicted these by up to 10.9% here (mlpwi; 21.7% at the
     # benchmark size).
-    ex, model = small_scan
-    segs = model.uniform(kind, scans_only=True)
-    predicted = _optimize.evaluate(model.raw_problem, segs)[0]
-    compiled = compiled_stats(_optimize.apply(ex.fn, model.to_plan(segs)), *ex.args).peak_bytes
+    predicted, compiled = _scan_body_peaks(small_scan, kind)
     assert abs(predicted - compiled) <= 0.06 * compiled, (predicted, compiled)
 
 

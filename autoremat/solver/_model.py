@@ -349,18 +349,16 @@ def _op(g: Graph, oid: str | None):
 # -- recompute closure ------------------------------------------------------------------
 
 def _closure(g: Graph, ops: Sequence[str], saved: frozenset[str], need_outputs: frozenset[str],
-             residuals: frozenset[str], aliases: bool = False):
+             residuals: frozenset[str]):
     """Ops of a block to re-run in backward, and outside values that must be available.
 
-    Returns (recomputed op ids, values produced before the block that are needed).  With
-    `aliases`, a saved `checkpoint_name` tag also stands for the value it tags (scan bodies,
-    where MaxText-style tags are the options).  Top-level blocks do not use it yet: with it,
-    the transformer's solver rounds at dots_with_no_batch_dims_saveable's budget compiled
-    0.01 MiB over and the fallback recomputed 2.21 GFLOP instead of 0.13 (benchmarks/run.py).
+    Returns (recomputed op ids, values produced before the block that are needed).  Scan
+    bodies pass `saved` with its `checkpoint_name` aliases (`_with_name_aliases`: MaxText-style
+    tags are their options).  Top-level blocks do not yet: with aliases, the transformer's
+    solver rounds at dots_with_no_batch_dims_saveable's budget compiled 0.01 MiB over and the
+    fallback recomputed 2.21 GFLOP instead of 0.13 (benchmarks/run.py).
     """
     opset = set(ops)
-    if aliases:
-        saved = _with_name_aliases([g.ops[o] for o in ops], saved)
     R: set[str] = set()
     outside: set[str] = set()
     stack = [v for v in (residuals | need_outputs) if v not in saved]
@@ -456,10 +454,10 @@ def stored_residuals(g: Graph, ops: Sequence[OpInfo],
     outputs of EXPENSIVE equations count as roots (XLA does not duplicate them into several
     fusions).  Measured on the scan transformer's body (jax 0.10.2, CPU, benchmark size):
     per-iteration live bytes with nothing saved are close to JAX's full list, and with the
-    matmul outputs saved close to the fusion-aware set; this rule gives both.  Predicted vs
-    compiled over 9 body plans: +13.5% (`save:name:mlpwi`) to -5.7%, where counting JAX's
-    full list less the saved values gave +21.7% to +3.5%.  Used for scan bodies only (see
-    `build_chain_model`).
+    matmul outputs saved close to the fusion-aware set; this rule gives both.  The scan
+    transformer's per-point prediction errors in benchmarks/results/cpu.md went from
+    +0.9..+21.7% (JAX's full list less the saved values) to -4.0..+13.6%.  Used for scan
+    bodies only (see `build_chain_model`).
     """
     local = {op.id for op in ops}
     out: set[str] = set()
@@ -867,15 +865,16 @@ def _scan_options(g, b, d, cross, caps, method, time_limit, offload, host_bw, no
     body_time = sum(o.time for o in body_ops)
     body_rt = recompute_times(body)
     for name, saved in cands:
-        R, _ = _closure(body, [o.id for o in body_ops], saved, frozenset(), residuals, aliases=True)
+        # A saved value also stands for its `checkpoint_name` alias (same buffer:
+        # MaxText-style tags), in what is recomputed and in what is live.
+        kept = _with_name_aliases(body_ops, saved)
+        R, _ = _closure(body, [o.id for o in body_ops], kept, frozenset(), residuals)
         rt = length * sum(body_rt[o] for o in R)
         rf = length * sum(body.ops[o].cost.flops for o in R)
         s_b = sum(body.values[v].nbytes for v in saved)
         stored = length * (per_iter_in + s_b)
-        # The iteration's saved values are part of `stored` already; a saved value also
-        # stands for its `checkpoint_name` alias (same buffer: MaxText-style tags).  The
-        # rest of what its backward reads is re-run and live (chains re-run are kept whole).
-        kept = _with_name_aliases(body_ops, saved)
+        # The iteration's saved values are part of `stored` already; the rest of what its
+        # backward reads is re-run and live (chains re-run are kept whole).
         rerun, rerun_extra = stored_residuals(body, body_ops, kept)
         iteration = sum(body.values[v].nbytes for v in rerun - kept) + rerun_extra + cot
         live = stored + iteration
