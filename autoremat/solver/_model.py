@@ -614,9 +614,7 @@ class _BackwardProfile:
         for i, op in enumerate(ops):
             if _fusible(op):
                 continue  # its cotangents are computed inside a backward fusion
-            # A differentiated argument's cotangent is its gradient buffer, counted already.
-            vs = {v for v in op.outputs + op.inputs
-                  if g.values[v].differentiable and g.values[v].producer is not None}
+            vs = {v for v in op.outputs + op.inputs if g.values[v].differentiable}
             local[i] = sum(g.values[v].nbytes for v in vs)
         self.local = local
         self.extra = np.asarray([op.extra_residual_bytes for op in ops], dtype=np.float64)
@@ -681,8 +679,6 @@ def build_chain_model(g: Graph, *, offload: bool = True, max_region_blocks: int 
     raw_options: dict[tuple[int, int], tuple[Option, ...]] = {}
     nbytes = lambda vs: sum(g.values[v].nbytes for v in vs)  # noqa: E731
     profile = _BackwardProfile(g)
-    canon = _name_sources(g)
-    block_of = {oid: b.index for b in blocks for oid in b.ops}
 
     for i in range(nb):
         if blocks[i].kind == "scan":
@@ -714,6 +710,7 @@ def build_chain_model(g: Graph, *, offload: bool = True, max_region_blocks: int 
             bwd_none += int(none_scale * nbytes(res_union - produced))
             opts.append(Option("none", stored_none, max(stored_none, bwd_none), 0.0, 0.0, 0,
                                {"kind": "none"}))
+            in_b = nbytes(inputs)
             names = [name for name, _ in data[i].options]
             for oi, name in enumerate(names):
                 saved: set[str] = set()
@@ -721,34 +718,19 @@ def build_chain_model(g: Graph, *, offload: bool = True, max_region_blocks: int 
                     opts_k = data[kk].options
                     saved |= opts_k[min(oi, len(opts_k) - 1)][1] if opts_k else set()
                 saved -= inputs
-                rtime, rflops, needed = _region_recompute(g, blocks, data, i, j, oi, closure_cache)
-                # Stored: the saved values and, of the region's inputs, those its recompute
-                # reads (JAX prunes the rest, e.g. the residual stream entering an add), one
-                # buffer per `checkpoint_name` alias.  An input the block producing it saves
-                # under the same option kind is charged there, not twice (uniform plans: each
-                # block saves its matmul output and the next block's recompute reads it).
-                # Counting every input and alias, the transformer's uniform save:dots plan was
-                # predicted 39% over its compiled peak (benchmarks/model_accuracy.py).
-                kept = {canon.get(v, v) for v in saved}
-                held = {canon.get(v, v) for v in needed} - kept
-                shared = {v for v in held
-                          if v in {canon.get(u, u) for u in _producer_saved(g, block_of, data, v, oi)}}
-                s_b = nbytes(kept)
-                in_b = nbytes(held - shared)
+                rtime, rflops = _region_recompute(g, blocks, data, i, j, oi, closure_cache)
+                s_b = nbytes(saved)
                 # Checkpointed: inputs and saved values stay; the rest is recomputed up front
                 # and freed as the backward goes.  (The scan bodies' rule, chains re-run kept
                 # whole, is not used here: it lowered the unrolled transformer's predictions
                 # further below XLA's, -3% -> -10% with nothing saved per block, and the
                 # U-Net's solver plans then missed its 9.1 MiB floor; docs/FINDINGS.md.)
-                live_bwd = nbytes(held | kept) + profile.peak(
-                    a, b, {v for v in res_union & produced if canon.get(v, v) not in kept})
+                live_bwd = nbytes(inputs | saved) + profile.peak(a, b, (res_union & produced) - saved)
                 opts.append(Option(f"ckpt:{name}", in_b + s_b, live_bwd, rtime, rflops, 0,
                                    {"kind": "region", "saved": frozenset(saved)}))
                 if offload and s_b > 0:
                     exposed = max(0.0, 2 * s_b / host_bw - OFFLOAD_OVERLAP * 3 * fwd_time)
-                    # (Every input its recompute reads is charged: conservative, since the
-                    # block producing one may offload it rather than keep it on the device.)
-                    opts.append(Option(f"ckpt:{name}+offload", nbytes(held), live_bwd, rtime + exposed, rflops, s_b,
+                    opts.append(Option(f"ckpt:{name}+offload", in_b, live_bwd, rtime + exposed, rflops, s_b,
                                        {"kind": "region", "saved": frozenset(), "offloaded": frozenset(saved)}))
             raw_options[(i, j)] = tuple(opts)
             options[(i, j)] = _dedupe(opts)
@@ -821,24 +803,7 @@ def _region_recompute(g, blocks, data, i, j, oi, cache):
         total_f += f
         needed -= need_out
         needed |= outside
-    return total_t, total_f, frozenset(needed)
-
-
-def _name_sources(g: Graph) -> dict[str, str]:
-    """Each `checkpoint_name` output -> the value it names (one buffer), through chains of names."""
-    out: dict[str, str] = {}
-    for op in g.ops.values():
-        if op.primitive == "name" and op.inputs and op.outputs:
-            out[op.outputs[0]] = out.get(op.inputs[0], op.inputs[0])
-    return out
-
-
-def _producer_saved(g: Graph, block_of: dict, data, v: str, oi: int) -> frozenset[str]:
-    """What the block producing `v` saves under its option `oi` (empty for inputs and scans)."""
-    k = block_of.get(g.values[v].producer)
-    if k is None or not data[k].options:
-        return frozenset()
-    return data[k].options[min(oi, len(data[k].options) - 1)][1]
+    return total_t, total_f
 
 
 def _with_name_aliases(ops, values: frozenset) -> frozenset:
