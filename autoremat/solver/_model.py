@@ -24,6 +24,7 @@ memory caps; repeated layers share one solve through a structural signature.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import numpy as np
@@ -48,6 +49,9 @@ HEAVY_PRIMITIVES = frozenset({"dot_general", "conv_general_dilated", "scan", "wh
                               "custom_vjp_call", "custom_jvp_call", "custom_vjp_call_jaxpr"})
 # Backward workspace of a scan body, in units of its largest internal value (see _scan_options).
 WORKSPACE_FACTOR = 2
+# Scan bodies with at most this many `checkpoint_name` tags also get every pair of tags as a
+# candidate saved set (8 tags: 28 pairs, each one closure over the body).
+MAX_TAG_PAIRS = 8
 
 
 @dataclass(frozen=True)
@@ -860,7 +864,10 @@ def _scan_options(g, b, d, cross, caps, method, time_limit, offload, host_bw, no
             tags[o.params["name"]] = tags.get(o.params["name"], frozenset()) | frozenset(o.outputs)
     no_batch = dict(cands).get("save:dots_no_batch", frozenset())
     covered = _with_name_aliases(body_ops, no_batch)  # tags of those matmul outputs add nothing
+    # Two tags saved together (MaxText's presets are such sets), up to MAX_TAG_PAIRS tags.
+    pairs = (itertools.combinations(sorted(tags), 2) if len(tags) <= MAX_TAG_PAIRS else ())
     cands = tuple(cands) + tuple((f"save:name:{n}", vs) for n, vs in sorted(tags.items())) + tuple(
+        (f"save:name:{a}+{b}", tags[a] | tags[b]) for a, b in pairs) + tuple(
         (f"save:dots_no_batch+{n}", no_batch | vs) for n, vs in sorted(tags.items()) if not vs <= covered)
     body_time = sum(o.time for o in body_ops)
     body_rt = recompute_times(body)
