@@ -265,6 +265,28 @@ def test_saving_a_tag_avoids_recomputing_its_matmul(tag, small_scan):
     assert abs(modelled - xla_extra) <= 0.02 * xla_extra, (modelled, xla_extra)
 
 
+def test_scan_bodies_get_pairs_of_tags_that_match_the_name_policy(small_scan):
+    # Two tags saved together are a candidate of their own: on the benchmark-size scan,
+    # mlpwi + out_proj fits save_out_proj's peak and recomputes 1.11 GFLOP where the best
+    # single tag (mlpwi) recomputes 1.38 (benchmarks/results/cpu.md).  Its modelled FLOPs
+    # must be XLA's for save_only_these_names("mlpwi", "out_proj"), and below either tag's.
+    ex, model = small_scan
+    names = set(model.option_kinds())
+    assert "scan:save:name:mlpwi+out_proj" in names
+    assert "scan:save:name:out_proj+mlpwi" not in names  # each pair once
+
+    def flops(kind):
+        return sum(sg.option.recompute_flops for sg in model.uniform(kind, scans_only=True))
+
+    policy = jax.checkpoint_policies.save_only_these_names("mlpwi", "out_proj")
+    ref_ex = examples.get_example("transformer_scan", policy=policy, **SMALL_SCAN)
+    xla_extra = (compiled_stats(ref_ex.fn, *ref_ex.args).flops
+                 - compiled_stats(ex.fn, *ex.args).flops) * SMALL_SCAN["n_layers"]
+    pair = flops("scan:save:name:mlpwi+out_proj")
+    assert pair < min(flops("scan:save:name:mlpwi"), flops("scan:save:name:out_proj"))
+    assert abs(pair - xla_extra) <= 0.02 * xla_extra, (pair, xla_extra)
+
+
 def test_period_finds_the_layers_of_an_unrolled_stack():
     # The 4-layer transformer's chain repeats every 7 blocks; one region per repeated unit,
     # cut where the least crosses, is a layer-sized policy candidate.  The MLP's blocks are
