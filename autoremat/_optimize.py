@@ -278,8 +278,7 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
         # are exact; the estimated time of memory-bound recomputation is not.
         best_flops = _recompute_flops(best[1])
         solver_extra = best[0]
-        for c in sorted((c for c in cands if c.kind in POLICY_KINDS and (c.size <= 1 or c.offset)),
-                        key=lambda c: c.flops):
+        for c in sorted((c for c in cands if c.is_policy), key=lambda c: c.flops):
             if (c.flops >= best_flops or c.extra > best[0] * (1 + POLICY_TOLERANCE)
                     or c.peak > UNIFORM_REACH * budget_bytes):
                 continue
@@ -340,7 +339,7 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
                       + [c for c in reach if c.peak > UNIFORM_NEAR * budget_bytes])[:max_candidates]
             chosen += [c for c in cands if c not in chosen and (
                 c.kind.endswith("recompute") or c.kind.startswith("scan:save:name:")
-                or (c.kind in POLICY_KINDS and (c.size <= 1 or c.offset)))]
+                or c.is_policy)]
             chosen.sort(key=lambda c: c.extra)
             say(f"the model and XLA disagree; trying {len(chosen)} compile-verified uniform plans (blocks merged "
                 f"{variant})")
@@ -388,6 +387,11 @@ class _Candidate(NamedTuple):
     peak: int
     flops: float
     offset: int = 0  # nonzero: regions of `size` blocks from this block on (one per layer)
+
+    @property
+    def is_policy(self) -> bool:
+        """One of JAX's built-in policies per block, per layer or on the scan bodies."""
+        return self.kind in POLICY_KINDS and (self.size <= 1 or bool(self.offset))
 
     @property
     def label(self) -> str:

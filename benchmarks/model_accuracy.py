@@ -1,14 +1,15 @@
 """Predicted vs compiled peak of uniform plans, per built-in model (docs/FINDINGS.md).
 
-For each model, applies one option kind to every block (and every pair of blocks) of autoremat's chain (`none` = no
-remat, `ckpt:recompute` = nothing saved per block; scan bodies get the matching `scan:` kind)
-and compares the chain model's predicted peak with XLA's compiled peak. No calibration is
-applied (that is what `optimize` adds). Run: `.venv/bin/python benchmarks/model_accuracy.py`.
+For each model, applies one option kind to every block (and every pair of blocks) of
+autoremat's chain (`none` = no remat, `ckpt:recompute` = nothing saved per block; scan bodies
+get the matching `scan:` kind) and compares the chain model's predicted peak with XLA's
+compiled peak. No calibration is applied (that is what `optimize` adds). Run:
+`.venv/bin/python benchmarks/model_accuracy.py [model ...]`.
 
 The compiled peak is what XLA allocates (arguments + outputs + temporaries - aliases).  The
 "XLA live" column is the most XLA holds at one point of its schedule, read from its
-live-range dump (`--xla_dump_to`): the gap between the two is buffer-assignment
-fragmentation, which a liveness model cannot see.  The dump's format is XLA's, not a
+live-range dump (`--xla_dump_to`): the gap between the two is in how XLA packs buffers
+into allocations (docs/FINDINGS.md), which a liveness model does not see.  The dump's format is XLA's, not a
 stable API; the column is blank where it cannot be read.
 """
 

@@ -245,6 +245,21 @@ def test_scan_bodies_get_options_in_the_users_tag_names(small_scan):
     assert "scan:save:dots_no_batch+query_proj" not in names  # already a batch-free matmul output
 
 
+def _xla_extra_flops(small_scan, *names):
+    """FLOPs XLA counts for save_only_these_names(*names) on the small scan's body over no
+    remat, scaled by the layers (XLA counts a scan body once)."""
+    ex, _ = small_scan
+    policy = jax.checkpoint_policies.save_only_these_names(*names)
+    ref_ex = examples.get_example("transformer_scan", policy=policy, **SMALL_SCAN)
+    ref = compiled_stats(ref_ex.fn, *ref_ex.args).flops
+    return (ref - compiled_stats(ex.fn, *ex.args).flops) * SMALL_SCAN["n_layers"]
+
+
+def _modelled_flops(small_scan, kind):
+    """Recompute FLOPs the model gives option `kind` on the small scan's body alone."""
+    return _optimize._recompute_flops(small_scan[1].uniform(kind, scans_only=True))
+
+
 @pytest.mark.parametrize("tag", ["out_proj", "query_proj"])
 def test_saving_a_tag_avoids_recomputing_its_matmul(tag, small_scan):
     # `checkpoint_name(x @ w, "out_proj")`: the tag and the matmul output are one buffer, so
@@ -252,16 +267,9 @@ def test_saving_a_tag_avoids_recomputing_its_matmul(tag, small_scan):
     # it (out_proj saved = nothing saved, 2.45 GFLOP on the benchmark size, where XLA counts
     # MaxText's save_out_proj at 2.18; query_proj feeds a matmul directly and was right
     # already).  XLA counts the scan body once: scale by the layers.
-    ex, model = small_scan
-    policy = jax.checkpoint_policies.save_only_these_names(tag)
-    ref_ex = examples.get_example("transformer_scan", policy=policy, **SMALL_SCAN)
-    ref = compiled_stats(ref_ex.fn, *ref_ex.args).flops
-    none = compiled_stats(ex.fn, *ex.args).flops
-    xla_extra = (ref - none) * SMALL_SCAN["n_layers"]
-    segs = model.uniform(f"scan:save:name:{tag}", scans_only=True)
-    modelled = sum(sg.option.recompute_flops for sg in segs)
-    nothing = sum(sg.option.recompute_flops for sg in model.uniform("ckpt:recompute", scans_only=True))
-    assert modelled < nothing
+    xla_extra = _xla_extra_flops(small_scan, tag)
+    modelled = _modelled_flops(small_scan, f"scan:save:name:{tag}")
+    assert modelled < _modelled_flops(small_scan, "ckpt:recompute")
     assert abs(modelled - xla_extra) <= 0.02 * xla_extra, (modelled, xla_extra)
 
 
@@ -270,20 +278,13 @@ def test_scan_bodies_get_pairs_of_tags_that_match_the_name_policy(small_scan):
     # mlpwi + out_proj fits save_out_proj's peak and recomputes 1.11 GFLOP where the best
     # single tag (mlpwi) recomputes 1.38 (benchmarks/results/cpu.md).  Its modelled FLOPs
     # must be XLA's for save_only_these_names("mlpwi", "out_proj"), and below either tag's.
-    ex, model = small_scan
-    names = set(model.option_kinds())
+    names = set(small_scan[1].option_kinds())
     assert "scan:save:name:mlpwi+out_proj" in names
     assert "scan:save:name:out_proj+mlpwi" not in names  # each pair once
-
-    def flops(kind):
-        return sum(sg.option.recompute_flops for sg in model.uniform(kind, scans_only=True))
-
-    policy = jax.checkpoint_policies.save_only_these_names("mlpwi", "out_proj")
-    ref_ex = examples.get_example("transformer_scan", policy=policy, **SMALL_SCAN)
-    xla_extra = (compiled_stats(ref_ex.fn, *ref_ex.args).flops
-                 - compiled_stats(ex.fn, *ex.args).flops) * SMALL_SCAN["n_layers"]
-    pair = flops("scan:save:name:mlpwi+out_proj")
-    assert pair < min(flops("scan:save:name:mlpwi"), flops("scan:save:name:out_proj"))
+    xla_extra = _xla_extra_flops(small_scan, "mlpwi", "out_proj")
+    pair = _modelled_flops(small_scan, "scan:save:name:mlpwi+out_proj")
+    assert pair < min(_modelled_flops(small_scan, "scan:save:name:mlpwi"),
+                      _modelled_flops(small_scan, "scan:save:name:out_proj"))
     assert abs(pair - xla_extra) <= 0.02 * xla_extra, (pair, xla_extra)
 
 
