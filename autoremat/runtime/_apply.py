@@ -6,7 +6,8 @@ name-based (`save_only_these_names`, or `save_and_offload_only_these_names` when
 offloads), and the values the plan keeps are tagged with `checkpoint_name`.  Scans with a
 `ScanPlan` are re-issued through `jax.lax.scan` with a checkpointed body.  Because only
 names and public policies are used, the result behaves the same with `jax_remat3` on and
-off and under `jit`, `grad`, `value_and_grad` and `vmap`.
+off and under `jit`, `grad`, `value_and_grad` and `vmap` (under remat3 the checkpoints are tied
+to the backward pass, see `_checkpoint.py`, which costs forward-mode differentiation).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from jax.ad_checkpoint import checkpoint_name
 from autoremat._errors import PlanMismatchError
 from autoremat.graph._interpret import eval_eqn, scan_counts
 from autoremat.graph._trace import Traced, split_static, trace
+from autoremat.runtime._checkpoint import checkpoint
 from autoremat.runtime._plan import Plan, Region, ScanPlan, checkpoint_names
 
 # Inside a scan the loop already keeps XLA from CSE-ing recomputation into the forward pass
@@ -142,7 +144,7 @@ class _Evaluator:
             self._run_range(local, r.start, r.stop, r.children, tags)
             return [local[v] for v in outs]
 
-        fn = jax.checkpoint(body, policy=region_policy(saved, offloaded), prevent_cse=True)
+        fn = checkpoint(body, policy=region_policy(saved, offloaded), prevent_cse=True)
         out_vals = fn(*[env[v] for v in ins])
         for v, val in zip(outs, out_vals):
             env[v] = val
@@ -174,7 +176,7 @@ def _run_scan(eqn, invals, sp: ScanPlan, plan: Plan, oid: str):
         outs = [v.val if isinstance(v, jex.core.Literal) else env[v] for v in bj.outvars]
         return list(outs[:ncar]), list(outs[ncar:])
 
-    step = jax.checkpoint(step, policy=region_policy(saved, offloaded), prevent_cse=PREVENT_CSE_IN_SCAN)
+    step = checkpoint(step, policy=region_policy(saved, offloaded), prevent_cse=PREVENT_CSE_IN_SCAN)
     kw = {}
     if "_split_transpose" in p:
         kw["_split_transpose"] = p["_split_transpose"]
@@ -228,6 +230,8 @@ def apply(fn, plan: Plan):
                            has_aux=plan.has_aux)
             check_plan_matches(plan, traced, name)
             cache[key] = traced
+        if plan.as_written:
+            return fn(*args, **kwargs)
         out = evaluate_plan(traced, plan, leaves)
         return jax.tree_util.tree_unflatten(traced.out_tree, out)
 

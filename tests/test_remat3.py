@@ -1,0 +1,99 @@
+"""Remat shows in compiled memory with `jax_remat3` off and on, under the flags autoremat sets.
+
+benchmarks/results/cpu_flags.md has the measurement: with remat3 on, XLA:CPU runs a hand-written
+`jax.checkpoint`'s recomputation early and it saves nothing; autoremat's regions
+(`autoremat.runtime._checkpoint.checkpoint`) tie it to the backward pass.
+"""
+
+import contextlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import autoremat
+from autoremat.runtime._checkpoint import checkpoint, remat3_enabled
+from autoremat.runtime._validate import compiled_stats
+
+NOTHING = jax.checkpoint_policies.nothing_saveable
+
+
+@contextlib.contextmanager
+def remat3(value: bool):
+    old = jax.config.jax_remat3
+    jax.config.update("jax_remat3", value)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_remat3", old)
+
+
+def _block(x, w1, w2):
+    return x + jnp.tanh(x @ w1) @ w2
+
+
+def _mlp(wrap=None):
+    def loss(ws, x):
+        for w1, w2 in ws:
+            x = (wrap(_block) if wrap else _block)(x, w1, w2)
+        return jnp.mean(x**2)
+    return loss
+
+
+def _args():
+    k = jax.random.split(jax.random.key(0), 13)
+    ws = [(jax.random.normal(k[2 * i], (128, 512)) / 12, jax.random.normal(k[2 * i + 1], (512, 128)) / 24)
+          for i in range(6)]
+    return ws, jax.random.normal(k[12], (1024, 128))
+
+
+def _peak(fn, args):
+    return compiled_stats(fn, *args).peak_bytes
+
+
+def test_hand_checkpoint_lowers_the_peak_with_remat3_off():
+    """The flags configure_cpu_flags sets (conftest) let JAX's own per-block remat show."""
+    args = _args()
+    with remat3(False):
+        hand = _mlp(lambda f: jax.checkpoint(f, policy=NOTHING))
+        assert _peak(hand, args) < 0.8 * _peak(_mlp(), args)
+
+
+@pytest.mark.parametrize("on", [False, True], ids=["remat3-off", "remat3-on"])
+def test_autoremat_regions_lower_the_peak(on):
+    args = _args()
+    with remat3(on):
+        assert remat3_enabled() is on
+        tied = _mlp(lambda f: checkpoint(f, policy=NOTHING, prevent_cse=True))
+        none = _peak(_mlp(), args)
+        assert _peak(tied, args) < 0.8 * none
+        g_ref = jax.grad(_mlp())(*args)
+        g = jax.jit(jax.grad(tied))(*args)
+        for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("on", [False, True], ids=["remat3-off", "remat3-on"])
+def test_optimize_fits_and_keeps_gradients(on):
+    args = _args()
+    with remat3(on):
+        opt = autoremat.optimize(_mlp(), budget=0.7)
+        report = opt.validate(*args)
+        assert report.fits, str(report)
+        g_ref, g = jax.grad(_mlp())(*args), jax.grad(opt)(*args)
+        for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=0)
+
+
+def test_tied_checkpoint_with_integer_outputs_and_vmap():
+    """float0 cotangents skip the barrier; vmap goes through the custom_vjp."""
+    def f(x, n):
+        return jnp.sin(x) * n, n + 1
+
+    with remat3(True):
+        g = checkpoint(f, policy=NOTHING, prevent_cse=True)
+        grad = jax.grad(lambda x: g(x, 3)[0].sum())(jnp.ones(4))
+        np.testing.assert_allclose(grad, 3 * jnp.cos(jnp.ones(4)), rtol=1e-6)
+        batched = jax.vmap(jax.grad(lambda x: g(x, 2)[0]))(jnp.arange(3.0))
+        np.testing.assert_allclose(batched, 2 * jnp.cos(jnp.arange(3.0)), rtol=1e-6)
