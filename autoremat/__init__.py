@@ -12,6 +12,7 @@ from autoremat._errors import BudgetError
 from autoremat._errors import InfeasibleBudgetError
 from autoremat._errors import PlanFormatError
 from autoremat._errors import PlanMismatchError
+from autoremat._errors import ShardingUnknownError
 from autoremat._errors import SolverError
 from autoremat._errors import UnsupportedFunctionError
 from autoremat._optimize import Optimized
@@ -33,6 +34,7 @@ __all__ = [
     "Plan",
     "PlanFormatError",
     "PlanMismatchError",
+    "ShardingUnknownError",
     "SolverError",
     "UnsupportedFunctionError",
     "apply",

@@ -11,6 +11,7 @@ __all__ = [
     "PlanFormatError",
     "PlanMismatchError",
     "SolverError",
+    "ShardingUnknownError",
 ]
 
 
@@ -50,3 +51,7 @@ class PlanMismatchError(AutorematError, ValueError):
 
 class SolverError(AutorematError, RuntimeError):
     """A solver failed for a reason other than an infeasible budget."""
+
+
+class ShardingUnknownError(AutorematError, ValueError):
+    """Inside `jax.jit`, the arguments' shardings (so the per-device budget's meaning) are unknown."""

@@ -25,17 +25,18 @@ from typing import NamedTuple
 
 import jax
 
-from autoremat._errors import BudgetError, InfeasibleBudgetError
+from autoremat._errors import InfeasibleBudgetError, SolverError
+from autoremat._shardings import abstract_arguments, sharding_key
 from autoremat.graph._graph import graph_from_traced
 from autoremat.graph._profiles import detect_profile, get_profile
-from autoremat.graph._trace import split_static, trace
+from autoremat.graph._trace import check_reverse_mode, split_static, trace
 from autoremat.runtime._apply import apply, evaluate_plan
 from autoremat.runtime._plan import Plan
 from autoremat.runtime._validate import ValidationReport, compiled_stats, validate
-from autoremat.solver._budget import format_bytes, parse_budget
+from autoremat.solver._budget import check_budget, format_bytes, parse_budget
 from autoremat.solver._chain import evaluate, lowest_peak_segments
 from autoremat.solver._model import ChainModel, build_chain_model
-from autoremat.solver._solve import solve
+from autoremat.solver._solve import METHODS, solve
 
 __all__ = ["optimize", "Optimized", "plan_for"]
 
@@ -66,16 +67,6 @@ POLICY_TOLERANCE = 0.10
 _COMPILED: dict = {}
 
 
-def _abstract(x):
-    if isinstance(x, jax.ShapeDtypeStruct):
-        return x
-    sharding = None if isinstance(x, jax.core.Tracer) else getattr(x, "sharding", None)
-    try:
-        return jax.ShapeDtypeStruct(jax.numpy.shape(x), jax.numpy.result_type(x), sharding=sharding)
-    except Exception:
-        return jax.ShapeDtypeStruct(jax.numpy.shape(x), jax.numpy.result_type(x))
-
-
 @dataclass
 class _Planned:
     plan: Plan
@@ -83,14 +74,6 @@ class _Planned:
     model: ChainModel
     baseline_peak: int | None
     history: list
-
-
-def _sharding_key(x) -> str:
-    """Only a concrete NamedSharding distinguishes signatures (tracers carry none we can use)."""
-    if isinstance(x, jax.core.Tracer):
-        return ""
-    s = getattr(x, "sharding", None)
-    return repr(s) if isinstance(s, jax.sharding.NamedSharding) else ""
 
 
 def _log(verbose: bool, msg: str):
@@ -101,7 +84,7 @@ def _log(verbose: bool, msg: str):
 def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=None, offload=None,
              solver: str = "auto", time_limit: float | None = None, argnums=0, static_argnums=(),
              has_aux: bool = False, validate: bool = True, max_rounds: int = 4, verbose: bool = False,
-             progress=None, max_candidates: int = 8) -> _Planned:
+             progress=None, max_candidates: int = 8, in_shardings=None) -> _Planned:
     """Plans `fn` for one argument signature (the work behind `Optimized.plan`)."""
     kwargs = dict(kwargs or {})
     say = progress or (lambda m: _log(verbose, m))
@@ -109,12 +92,12 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
     if offload is None:
         # On the CPU, "host" memory is device memory: offloading saves nothing there.
         offload = profile.name != "cpu"
-    abstract_args = tuple(a if i in set(static_argnums) else jax.tree_util.tree_map(_abstract, a)
-                          for i, a in enumerate(args))
-    abstract_kwargs = jax.tree_util.tree_map(_abstract, kwargs)
+    abstract_args, abstract_kwargs = abstract_arguments(args, kwargs, static_argnums, in_shardings,
+                                                        getattr(fn, "__name__", "fn"))
     t0 = time.perf_counter()
     traced = trace(fn, abstract_args, abstract_kwargs, argnums=argnums, static_argnums=static_argnums,
                    has_aux=has_aux)
+    check_reverse_mode(traced, getattr(fn, "__name__", "fn"))
     g = graph_from_traced(traced, profile=profile)
     say(f"traced {len(traced.jaxpr.eqns)} equations; graph built in {time.perf_counter() - t0:.1f}s "
         f"(profile {profile.name})")
@@ -126,23 +109,26 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
 
     stats_kw = dict(argnums=traced.argnums, static_argnums=static_argnums, has_aux=has_aux)
     baseline_peak = None
-    if validate:
+    if validate or isinstance(budget, float):
+        # A fraction is of the compiled un-optimized peak, also with validate=False.
         baseline_peak = compiled_stats(fn, *abstract_args, **stats_kw, **abstract_kwargs).peak_bytes
         say(f"un-optimized compiled peak {format_bytes(baseline_peak)}")
     if isinstance(budget, str) and budget.strip().lower() == "auto":
         budget_bytes = int(_device_memory(profile) * AUTO_MARGIN)
     else:
-        reference = baseline_peak
-        if reference is None and isinstance(budget, float):
-            none_segments = _all_none(model)
-            reference = evaluate(model.raw_problem, none_segments)[0]
-        budget_bytes = parse_budget(budget, reference_peak=reference)
+        budget_bytes = parse_budget(budget, reference_peak=baseline_peak)
     say(f"budget {format_bytes(budget_bytes)}")
     if baseline_peak is not None:
-        # Calibrate what un-checkpointed regions keep against the compiled un-optimized step.
+        # Calibrate what un-checkpointed regions keep against the compiled un-optimized step
+        # (with the user's own checkpoints inlined away: the model's all-none plan is that).
+        none_peak = baseline_peak
+        if traced.user_checkpoints:
+            none_plan = model.to_plan(_all_none(model), budget=budget_bytes)
+            none_peak = compiled_stats(apply(fn, none_plan), *abstract_args, **stats_kw, **abstract_kwargs).peak_bytes
+            say(f"without its {traced.user_checkpoints} jax.checkpoint calls: {format_bytes(none_peak)}")
         predicted_none = evaluate(model.raw_problem, _all_none(model))[0]
-        if predicted_none > model.base_bytes and baseline_peak > model.base_bytes:
-            scale = (baseline_peak - model.base_bytes) / (predicted_none - model.base_bytes)
+        if predicted_none > model.base_bytes and none_peak > model.base_bytes:
+            scale = (none_peak - model.base_bytes) / (predicted_none - model.base_bytes)
             scale = min(1.5, max(0.3, scale))
             if abs(scale - 1.0) > 0.03:
                 model = build_chain_model(g, offload=offload, none_scale=scale, block_cache=block_cache)
@@ -154,10 +140,15 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
     meta = {"function": getattr(fn, "__name__", "fn"), "jax": jax.__version__, "backend": jax.default_backend(),
             "baseline_peak": baseline_peak, "blocks": len(model.blocks)}
     if baseline_peak is not None and baseline_peak <= limit:
+        # As written: the user's own jax.checkpoint calls are part of the program (inlining
+        # them away made one 4-layer stack compile to 7.50 MiB instead of its 4.50).
         segs = _all_none(model)
-        plan = model.to_plan(segs, budget=budget_bytes, meta={**meta, "note": "fits without remat"})
-        plan = _with(plan, predicted_peak=evaluate(model.raw_problem, segs)[0], estimated_extra_time=0.0)
-        say("the un-optimized step already fits: nothing to rematerialize")
+        note = "fits as written" + (f" (its {traced.user_checkpoints} jax.checkpoint calls kept)"
+                                    if traced.user_checkpoints else "")
+        plan = model.to_plan(segs, budget=budget_bytes, meta={**meta, "note": note, "compiled_peak": baseline_peak})
+        plan = _with(plan, predicted_peak=evaluate(model.raw_problem, segs)[0], estimated_extra_time=0.0,
+                     as_written=True)
+        say(f"the un-optimized step already fits ({format_bytes(baseline_peak)}): running it as written")
         return _Planned(plan, traced, model, baseline_peak, history)
 
     target = budget_bytes
@@ -215,9 +206,10 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
                 break
             if rnd == 0 and not validate:
                 raise InfeasibleBudgetError(
-                    f"budget {format_bytes(budget_bytes)} is below the lowest peak autoremat can reach for "
-                    f"{meta['function']}, {format_bytes(e.lowest)} (predicted); raise the budget to at least "
-                    f"{format_bytes(e.lowest)}" + _offload_hint(offload, profile, meta),
+                    f"budget {format_bytes(budget_bytes)} is below the lowest peak autoremat's model predicts for "
+                    f"{meta['function']}, {format_bytes(e.lowest)} (a prediction: validate=False compiled no "
+                    f"plan); raise the budget to at least {format_bytes(e.lowest)}, or plan with validate=True "
+                    f"for compiled figures" + _offload_hint(offload, profile, meta),
                     budget=budget_bytes, lowest=e.lowest) from None
             break
         say(f"round {rnd + 1}: solver {result.solver} ({result.status}, {result.solve_time:.2f}s) predicts "
@@ -467,24 +459,27 @@ class Optimized:
     """
 
     def __init__(self, fn, budget, *, device=None, offload=None, solver="auto", time_limit=None, argnums=0,
-                 static_argnums=(), has_aux=False, validate=True, max_rounds=4, verbose=False):
-        if budget is None:
-            raise BudgetError("optimize needs a budget: bytes (int), a string such as '8GB', a fraction in (0, 1] "
-                              "of the un-optimized peak, or 'auto'")
-        if solver not in ("auto", "dp", "cpsat", "greedy", "brute"):
-            raise ValueError(f"unknown solver {solver!r}; use 'auto', 'dp', 'cpsat' or 'greedy'")
+                 static_argnums=(), has_aux=False, validate=True, max_rounds=4, verbose=False, in_shardings=None):
+        check_budget(budget)  # a malformed budget fails here, not at the first call
+        if solver not in METHODS:
+            raise SolverError(f"unknown solver {solver!r}; use one of {', '.join(map(repr, METHODS))}")
         self.fn = fn
         self.budget = budget
         self._opts = dict(device=device, offload=offload, solver=solver, time_limit=time_limit, argnums=argnums,
                           static_argnums=tuple(static_argnums), has_aux=has_aux, validate=validate,
-                          max_rounds=max_rounds, verbose=verbose)
+                          max_rounds=max_rounds, verbose=verbose,
+                          in_shardings=None if in_shardings is None else tuple(in_shardings))
         self._cache: dict = {}
         functools.update_wrapper(self, fn)
 
     def _key(self, args, kwargs):
         dynamic, static = split_static(args, self._opts["static_argnums"])
         leaves, treedef = jax.tree_util.tree_flatten((dynamic, kwargs))
-        sig = tuple((tuple(jax.numpy.shape(x)), str(jax.numpy.result_type(x)), _sharding_key(x)) for x in leaves)
+        given = self._opts["in_shardings"]
+        if given is not None:  # the shardings are the user's, whatever the leaves say
+            return treedef, tuple((tuple(jax.numpy.shape(x)), str(jax.numpy.result_type(x))) for x in leaves), \
+                tuple(sorted((k, repr(v)) for k, v in static.items()))
+        sig = tuple((tuple(jax.numpy.shape(x)), str(jax.numpy.result_type(x)), sharding_key(x)) for x in leaves)
         return treedef, sig, tuple(sorted((k, repr(v)) for k, v in static.items()))
 
     def _planned(self, args, kwargs) -> _Planned:
@@ -501,6 +496,8 @@ class Optimized:
         p = self._planned(args, kwargs)
         dynamic, _ = split_static(args, self._opts["static_argnums"])
         leaves = jax.tree_util.tree_leaves((dynamic, kwargs))
+        if p.plan.as_written:
+            return self.fn(*args, **kwargs)
         out = evaluate_plan(p.traced, p.plan, leaves)
         return jax.tree_util.tree_unflatten(p.traced.out_tree, out)
 
@@ -516,7 +513,7 @@ class Optimized:
 
 def optimize(fn, budget, *, device=None, offload=None, solver: str = "auto", time_limit: float | None = None,
              argnums=0, static_argnums: Sequence[int] = (), has_aux: bool = False, validate: bool = True,
-             max_rounds: int = 4, verbose: bool = False) -> Optimized:
+             max_rounds: int = 4, verbose: bool = False, in_shardings: Sequence | None = None) -> Optimized:
     """Returns `fn` rewritten so that `jax.value_and_grad(fn)` fits `budget` at the least extra time.
 
     Args:
@@ -528,15 +525,20 @@ def optimize(fn, budget, *, device=None, offload=None, solver: str = "auto", tim
       offload: allow offloading to pinned host memory (default: on except on CPU).  With
         validation on, it is dropped where compiling shows that offloading does not lower
         the peak (`plan.meta["offload"]` then says so).
-      solver: "auto" (DP, plus CP-SAT on small chains), "dp", "cpsat" or "greedy".
+      solver: one of `autoremat.solver.METHODS`: "auto" (DP, plus CP-SAT on small chains), "dp",
+        "cpsat" (warm-started from the DP), "greedy" or "brute_force" (tiny chains only).
       time_limit: seconds for the exact solver.
       validate: compile to check the plan and correct the model (default True).
       max_rounds: compile-and-correct rounds before giving up.
       verbose: progress on stderr.
+      in_shardings: one sharding (or pytree of shardings, or None) per positional argument, as
+        for `jax.jit`.  Needed only where JAX cannot tell: inside `jax.jit` on a mesh whose axes
+        are not Explicit (else `ShardingUnknownError`).  Budgets are per device.
 
     Raises:
       BudgetError: the budget is malformed.
       InfeasibleBudgetError: no plan reaches the budget; the message names the lowest peak.
+      ShardingUnknownError: inside `jax.jit`, the arguments' shardings cannot be known.
 
     Example:
       >>> import jax, jax.numpy as jnp, autoremat
@@ -556,4 +558,4 @@ def optimize(fn, budget, *, device=None, offload=None, solver: str = "auto", tim
     """
     return Optimized(fn, budget, device=device, offload=offload, solver=solver, time_limit=time_limit,
                      argnums=argnums, static_argnums=static_argnums, has_aux=has_aux, validate=validate,
-                     max_rounds=max_rounds, verbose=verbose)
+                     max_rounds=max_rounds, verbose=verbose, in_shardings=in_shardings)

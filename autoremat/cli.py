@@ -40,11 +40,12 @@ import click  # noqa: E402
 
 from autoremat._errors import AutorematError, InfeasibleBudgetError  # noqa: E402
 from autoremat.solver._budget import format_bytes, parse_budget  # noqa: E402
+from autoremat.solver._solve import METHODS  # noqa: E402
 
 __all__ = ["main", "load_model", "parse_budget_text", "LoadedModel"]
 
 _PROG = "autoremat"
-_SOLVERS = ("auto", "dp", "cpsat", "greedy")
+_SOLVERS = METHODS
 DEMO_BUDGET = "0.6"
 DEMO_PLAN = "autoremat-demo-plan.json"
 BASELINES = (  # (label, per-block option name without its "ckpt:" / "scan:" prefix)
@@ -593,7 +594,8 @@ def frontier(model, example, sets, budgets, output, measure, device, offload, so
     """Plot peak memory against step time over several budgets, with built-in policies."""
     import jax
 
-    from autoremat._optimize import _abstract, plan_for
+    from autoremat._optimize import plan_for
+    from autoremat._shardings import abstract_arguments
     from autoremat._plots import ParetoPoint, chain_problem, pareto_plot
     from autoremat.graph._graph import graph_from_traced
     from autoremat.graph._profiles import detect_profile, get_profile
@@ -620,7 +622,7 @@ def frontier(model, example, sets, budgets, output, measure, device, offload, so
     else:
         profile = get_profile(device) if device is not None else detect_profile()
         use_offload = (profile.name != "cpu") if offload is None else offload
-        abstract = tuple(jax.tree_util.tree_map(_abstract, a) for a in m.args)
+        abstract, _ = abstract_arguments(m.args, {}, (), None)
         traced = trace(m.fn, abstract, dict(m.kwargs))
         chain = build_chain_model(graph_from_traced(traced, profile=profile), offload=use_offload)
         none_peak = None

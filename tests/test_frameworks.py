@@ -88,14 +88,21 @@ def scan_model():
 MODELS = {"flax_nnx": flax_nnx_model, "equinox": equinox_model, "scan": scan_model}
 
 
-def assert_same_gradients(g_opt, g_ref):
+def assert_same_gradients(g_opt, g_ref, g_alt):
+    """`g_opt` equals `g_ref` up to twice the difference between two compiles of the unmodified
+    function (`g_alt`: the same gradient, fused differently).
+
+    Recomputation changes how XLA fuses the float32 arithmetic, as eager vs jit does: on the
+    equinox MLP the unmodified function's eager and jit gradients differ by up to 1.8e-6 of the
+    leaf's largest entry, and the optimized one's by 1.9e-6; a fixed rtol of 1e-6 failed there.
+    """
     leaves_opt, tree_opt = jax.tree.flatten(g_opt)
     leaves_ref, tree_ref = jax.tree.flatten(g_ref)
     assert tree_opt == tree_ref
-    for a, b in zip(leaves_opt, leaves_ref):
-        b = np.asarray(b)
-        # rtol 1e-6; the atol only forgives float32 rounding on entries near zero.
-        np.testing.assert_allclose(np.asarray(a), b, rtol=1e-6, atol=1e-6 * float(np.max(np.abs(b))))
+    for a, b, c in zip(leaves_opt, leaves_ref, jax.tree.leaves(g_alt)):
+        a, b, c = np.asarray(a), np.asarray(b), np.asarray(c)
+        noise = float(np.max(np.abs(c - b)))
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=2 * noise + 1e-7 * float(np.max(np.abs(b))))
 
 
 # -- tests ------------------------------------------------------------------------------------
@@ -112,13 +119,13 @@ def test_gradients_equal_the_original(optimized):
     v_ref, g_ref = jax.value_and_grad(fn)(*args)
     v_opt, g_opt = jax.value_and_grad(opt)(*args)
     np.testing.assert_allclose(v_opt, v_ref, rtol=1e-6)
-    assert_same_gradients(g_opt, g_ref)
+    assert_same_gradients(g_opt, g_ref, jax.jit(jax.grad(fn))(*args))
 
 
 def test_gradients_under_jit(optimized):
     _, fn, args, opt = optimized
     g_ref = jax.jit(jax.grad(fn))(*args)
-    assert_same_gradients(jax.jit(jax.grad(opt))(*args), g_ref)
+    assert_same_gradients(jax.jit(jax.grad(opt))(*args), g_ref, jax.grad(fn)(*args))
 
 
 def test_plan_rematerializes_and_fits_the_budget(optimized):

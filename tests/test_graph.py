@@ -416,3 +416,15 @@ def test_unknown_primitive_gets_the_conservative_cost():
     report = inspect(f, w, x)
     assert [r.primitive for r in report.rows] == [prim.name]  # d/dw needs prim(x)
     assert report.rows[0].recompute_flops == 15
+
+
+def test_inspect_total_is_saved_residuals_less_the_jit_boundary_literals():
+    """The module docstring's two differences, exactly: with every argument differentiated,
+    JAX's listing has only the scalar `from a literal` rows on top (4 B each here, f32)."""
+    ex = examples.get_example("transformer", n_layers=2, d_model=64, seq=32, vocab=64)
+    report = inspect(ex.fn, *ex.args, argnums=(0, 1))
+    res = saved_residuals(ex.fn, *ex.args)
+    literals = [a for a, d in res if d == "from a literal"]
+    assert literals and all(a.shape == () for a in literals)
+    total = sum(int(np.prod(a.shape)) * a.dtype.itemsize for a, _ in res)
+    assert report.total_bytes + sum(a.dtype.itemsize for a in literals) == total

@@ -95,11 +95,14 @@ def test_plans_once_per_signature_and_works_under_jit_and_vmap(mlp, monkeypatch)
     (-5, "budget"),
     (1.5, r"fraction in \(0, 1\]"),
     (None, "needs a budget"),
+    ("eight-gigs", "not understood"),
+    (0.0, "must be positive"),
 ])
-def test_malformed_budgets(mlp, budget, match):
-    loss, ws, x, _ = mlp
+def test_malformed_budgets_fail_at_construction(mlp, budget, match):
+    """Before any call, so before tracing (issue 15)."""
+    loss, _, _, _ = mlp
     with pytest.raises(autoremat.BudgetError, match=match):
-        autoremat.optimize(loss, budget=budget).plan(ws, x)
+        autoremat.optimize(loss, budget=budget)
 
 
 def test_unreachable_budget_names_the_lowest_peak(mlp):

@@ -50,6 +50,8 @@ class Traced:
     static_argnums: tuple[int, ...] = ()
     has_aux: bool = False
     fn_code: tuple[str, int] | None = None  # (file, first line) of the traced function's code
+    # How many of the user's own jax.checkpoint calls inlining removed (0 with inline=False).
+    user_checkpoints: int = 0
 
     def user_lines(self) -> list[int | None]:
         """Per top-level equation, the line of the traced function that issued it (None when
@@ -103,7 +105,8 @@ def _path_name(path) -> str:
 
 
 def trace(fn, args: Sequence[Any], kwargs: dict | None = None, *, argnums=0,
-          static_argnums: Sequence[int] = (), has_aux: bool = False, inline: bool = True) -> Traced:
+          static_argnums: Sequence[int] = (), has_aux: bool = False, inline: bool = True,
+          skip_integer_leaves: bool = False) -> Traced:
     """Traces `fn(*args, **kwargs)` to a flat jaxpr.
 
     Args:
@@ -115,6 +118,8 @@ def trace(fn, args: Sequence[Any], kwargs: dict | None = None, *, argnums=0,
       static_argnums: positional arguments closed over as Python values.
       has_aux: the function returns `(loss, aux)`.
       inline: inline nested `jit` calls and existing checkpoints.
+      skip_integer_leaves: leave integer leaves of `argnums` undifferentiated, as
+        `saved_residuals` does, instead of raising as `jax.grad` would.
 
     Raises:
       UnsupportedFunctionError: the output is not a scalar float, a value is not an array,
@@ -150,13 +155,20 @@ def trace(fn, args: Sequence[Any], kwargs: dict | None = None, *, argnums=0,
                 f"static_argnums or pass it as a jax array")
     for name, leaf, d in zip(names, leaves, diff_mask):
         if d and not jax.dtypes.issubdtype(leaf.dtype, np.inexact):
-            diff_mask[names.index(name)] = False  # integer leaves of params are not differentiated
+            if skip_integer_leaves:
+                diff_mask[names.index(name)] = False
+                continue
+            # jax.grad would raise its own TypeError later, from inside planning.
+            raise UnsupportedFunctionError(
+                f"argument {name} has dtype {leaf.dtype}, but it is differentiated (argnums={sorted(argnums)}) "
+                f"and jax.grad differentiates only floating-point arrays; pass it in an argument outside "
+                f"argnums (or mark it static), or cast it to a float dtype")
 
     def flat_fn(*flat):
         dyn, kw = jax.tree_util.tree_unflatten(in_tree, flat)
         return fn(*merge_static(dyn, static), **kw)
 
-    in_avals = tuple(jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=getattr(x, "sharding", None))
+    in_avals = tuple(jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=leaf_sharding(x))
                      if not isinstance(x, jax.ShapeDtypeStruct) else x for x in leaves)
     try:
         closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*in_avals)
@@ -179,12 +191,65 @@ def trace(fn, args: Sequence[Any], kwargs: dict | None = None, *, argnums=0,
             f"{getattr(fn, '__name__', 'fn')} has side effects {sorted(map(str, closed.jaxpr.effects))}; "
             f"jax.checkpoint would replay them during recomputation. Remove prints/callbacks/state "
             f"from the differentiated function")
+    n_checkpoints = 0
     if inline:
+        n_checkpoints = count_inlined_checkpoints(closed.jaxpr)
         closed = _inline(closed, in_avals)
     return Traced(closed, in_tree, out_tree, tuple(v.aval for v in closed.jaxpr.invars),
                   tuple(names), tuple(diff_mask), structure_fingerprint(closed.jaxpr),
-                  tuple(getattr(x, "sharding", None) for x in leaves), argnums, tuple(static_argnums), has_aux,
-                  _code_of(fn))
+                  tuple(leaf_sharding(x) for x in leaves), argnums, tuple(static_argnums), has_aux,
+                  _code_of(fn), n_checkpoints)
+
+
+def leaf_sharding(x):
+    """An argument leaf's sharding: its own, or under `jax.jit` the one its abstract value
+    carries on a mesh with Explicit axes (tracers have no `.sharding`)."""
+    if not isinstance(x, jax.core.Tracer):
+        return getattr(x, "sharding", None)
+    s = getattr(jax.typeof(x), "sharding", None)
+    mesh = getattr(s, "mesh", None)
+    if mesh is None or mesh.empty or not any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):
+        return None
+    return s
+
+
+def check_reverse_mode(t: Traced, fn_name: str = "fn") -> None:
+    """Raises UnsupportedFunctionError if `jax.grad` cannot differentiate the traced function.
+
+    Traces the gradient abstractly (no compile): a `lax.while_loop` on a differentiated value
+    otherwise surfaces as JAX's ValueError from deep inside planning.
+    """
+    diff = [i for i, d in enumerate(t.diff_mask) if d]
+    run = jex.core.jaxpr_as_fun(t.closed_jaxpr)
+
+    def grad_of(*flat):
+        def loss(*dv):
+            args = list(flat)
+            for i, v in zip(diff, dv):
+                args[i] = v
+            return run(*args)[0]
+        return jax.grad(loss, argnums=tuple(range(len(diff))))(*[flat[i] for i in diff])
+
+    try:
+        jax.eval_shape(grad_of, *t.in_avals)
+    except ValueError as e:
+        if "Reverse-mode differentiation" not in str(e):
+            raise
+        raise UnsupportedFunctionError(
+            f"{fn_name} cannot be differentiated in reverse mode: it runs a lax.while_loop (or a fori_loop "
+            f"with traced bounds) on a differentiated value. Use lax.scan, or fori_loop with static bounds") from None
+
+
+def count_inlined_checkpoints(jaxpr) -> int:
+    """How many `jax.checkpoint` calls inlining `jaxpr` removes (through nested `jit` calls)."""
+    from autoremat.graph._interpret import inner_jaxpr, is_inline, primitive_label
+
+    n = 0
+    for eqn in jaxpr.eqns:
+        if is_inline(eqn):
+            n += primitive_label(eqn) in ("checkpoint", "remat2")
+            n += count_inlined_checkpoints(inner_jaxpr(eqn)[0])
+    return n
 
 
 def _code_of(fn) -> tuple[str, int] | None:

@@ -128,6 +128,8 @@ class Plan:
       estimated_extra_time: predicted seconds added by recomputation and offload.
       meta: free-form provenance (solver, solve time, function name, jax version, ...).
       structure: per top-level equation, a one-line description (for mismatch messages).
+      as_written: the function runs as the user wrote it, its own `jax.checkpoint` calls
+        included (the plan when that already fits the budget); regions and scans are empty.
     """
 
     fingerprint: str
@@ -143,8 +145,11 @@ class Plan:
     estimated_extra_time: float | None = None
     meta: Mapping[str, Any] = field(default_factory=dict)
     structure: tuple[str, ...] = ()
+    as_written: bool = False
 
     def __post_init__(self):
+        if self.as_written and (self.regions or self.scans):
+            raise PlanFormatError("a plan that runs the function as written has no regions or scan plans")
         prev = 0
         for r in self.regions:
             if r.start < prev:
@@ -205,6 +210,7 @@ class Plan:
             "estimated_extra_time": self.estimated_extra_time,
             "meta": _jsonable(dict(self.meta)),
             "structure": list(self.structure),
+            "as_written": self.as_written,
         }
 
     @classmethod
@@ -233,7 +239,7 @@ class Plan:
                 static_argnums=tuple(d.get("static_argnums", [])), has_aux=bool(d.get("has_aux", False)),
                 predicted_peak=d.get("predicted_peak"), budget=d.get("budget"),
                 estimated_extra_time=d.get("estimated_extra_time"), meta=d.get("meta", {}),
-                structure=tuple(d.get("structure", [])))
+                structure=tuple(d.get("structure", [])), as_written=bool(d.get("as_written", False)))
         except PlanFormatError as e:  # a region or value the constructors reject: say where
             raise PlanFormatError(f"{source}: {e}") from None
         except (KeyError, TypeError, ValueError) as e:

@@ -23,10 +23,12 @@ from autoremat.solver._model import find_blocks
 from autoremat.solver._region import RegionProblem
 from autoremat.solver._region import RegionSolution
 from autoremat.solver._region import solve_region_cpsat
+from autoremat.solver._solve import METHODS
 from autoremat.solver._solve import solve
 
 __all__ = [
     "ChainModel",
+    "METHODS",
     "ChainProblem",
     "Option",
     "RegionProblem",

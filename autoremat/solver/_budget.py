@@ -19,7 +19,7 @@ import re
 
 from autoremat._errors import BudgetError
 
-__all__ = ["parse_budget", "format_bytes"]
+__all__ = ["parse_budget", "check_budget", "format_bytes"]
 
 _UNITS = {
     "b": 1,
@@ -78,6 +78,27 @@ def parse_budget(budget: str | int | float, *, reference_peak: int | None = None
     if isinstance(budget, numbers.Real):
         return _parse_fraction(float(budget), reference_peak)
     raise BudgetError(f"budget {budget!r} of type {type(budget).__name__} is not understood; {_ACCEPTED}")
+
+
+def check_budget(budget) -> None:
+    """Raises BudgetError if `budget` is malformed, before any reference peak is known.
+
+    Accepts every form `parse_budget` takes, and ``"auto"`` (a fraction of the device's memory).
+
+    >>> check_budget("eight-gigs")
+    Traceback (most recent call last):
+    ...
+    autoremat._errors.BudgetError: budget 'eight-gigs' is not understood; accepted forms: ...
+    """
+    if budget is None:
+        raise BudgetError("autoremat needs a budget: bytes (an int), a string such as '8GB', a fraction in (0, 1] "
+                          "of the un-optimized peak, or 'auto'")
+    if isinstance(budget, str) and budget.strip().lower() == "auto":
+        return
+    if isinstance(budget, numbers.Real) and not isinstance(budget, (bool, numbers.Integral)):
+        parse_budget(budget, reference_peak=2**62)  # checks the range of a fraction
+        return
+    parse_budget(budget)
 
 
 def _parse_string(text: str) -> int:

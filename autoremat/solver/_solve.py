@@ -54,6 +54,24 @@ def _auto(problem: ChainProblem, budget: int, time_limit: float | None, t0: floa
     )
 
 
+def _cpsat_from_dp(problem: ChainProblem, budget: int, time_limit: float | None, t0: float) -> SolveResult:
+    """CP-SAT warm-started from the DP's plan, never worse than it.
+
+    Cold, CP-SAT found no plan in 5 s on a 49-block chain (8-layer transformer) that the DP
+    solves in 0.1 s (issue 15); from the DP's plan it starts feasible, and its bound gives
+    the gap that is reported.
+    """
+    dp = solve_dp(problem, budget)
+    if dp.status == "infeasible":
+        return dp
+    result = solve_cpsat(problem, budget, time_limit=time_limit, hint=dp.segments)
+    best = result if result.feasible and result.objective <= dp.objective else dp
+    bound = max(_lower_bound(dp), _lower_bound(result) if result.feasible else -math.inf)
+    gap = relative_gap(best.objective, bound)
+    return SolveResult("optimal" if gap == 0.0 else "feasible", best.segments, best.objective, best.peak_bytes,
+                       gap, time.perf_counter() - t0, "cpsat" if best is result else "cpsat/dp")
+
+
 def solve(problem: ChainProblem, budget: int, *, method: str = "auto", time_limit: float | None = None) -> SolveResult:
     """Least extra time with peak <= budget.
 
@@ -63,7 +81,8 @@ def solve(problem: ChainProblem, budget: int, *, method: str = "auto", time_limi
       method: ``"auto"`` (DP; unless it proved optimality, greedy too; then,
         for at most ``AUTO_CPSAT_MAX_BLOCKS`` blocks, CP-SAT warm-started from
         the faster plan; the fastest plan wins and the gap uses the best bound),
-        ``"dp"``, ``"cpsat"``, ``"greedy"`` or ``"brute_force"``.
+        ``"dp"``, ``"cpsat"`` (warm-started from the DP's plan, never worse than it),
+        ``"greedy"`` or ``"brute_force"``.
       time_limit: seconds for CP-SAT; for ``"auto"`` None means
         ``AUTO_CPSAT_TIME_LIMIT``.
 
@@ -81,6 +100,8 @@ def solve(problem: ChainProblem, budget: int, *, method: str = "auto", time_limi
     t0 = time.perf_counter()
     if method == "auto":
         result = _auto(problem, budget, time_limit, t0)
+    elif method == "cpsat":
+        result = _cpsat_from_dp(problem, budget, time_limit, t0)
     else:
         result = _SOLVERS[method](problem, budget, time_limit=time_limit)
     if result.status == "infeasible":

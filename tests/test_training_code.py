@@ -1,0 +1,170 @@
+"""Correctness in training code as people write it (issue 15): the user's own checkpoints,
+`optimize` inside `jax.jit` with sharded inputs, and typed errors before tracing."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import autoremat
+from autoremat import examples
+from autoremat._xla import CPU_XLA_FLAGS
+from autoremat.runtime._validate import compiled_stats
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _user_checkpointed_stack():
+    layer = jax.checkpoint(lambda x, w1, w2: x + jnp.tanh(x @ w1) @ w2)
+
+    def loss(ws, x):
+        for w1, w2 in ws:
+            x = layer(x, w1, w2)
+        return jnp.mean(x**2)
+
+    ws = [(jnp.full((64, 256), .01), jnp.full((256, 64), .01))] * 4
+    return loss, (ws, jnp.ones((1024, 64)))
+
+
+def test_the_users_own_checkpoints_are_kept_when_they_fit():
+    """Inlining them away compiled this stack to 7.50 MiB instead of the user's 4.50."""
+    loss, args = _user_checkpointed_stack()
+    as_written = compiled_stats(loss, *args).peak_bytes
+    opt = autoremat.optimize(loss, budget=1.0)
+    plan = opt.plan(*args)
+    assert plan.as_written and "jax.checkpoint calls kept" in plan.meta["note"]
+    report = opt.validate(*args)
+    assert report.compiled_peak <= as_written, str(report)
+    np.testing.assert_array_equal(jax.grad(opt)(*args)[0][0], jax.grad(loss)(*args)[0][0])
+
+
+def test_a_policy_written_into_the_model_is_kept(tmp_path):
+    ex = examples.get_example("transformer", policy=jax.checkpoint_policies.nothing_saveable)
+    as_written = compiled_stats(ex.fn, *ex.args).peak_bytes
+    opt = autoremat.optimize(ex.fn, budget=1.0)
+    assert opt.validate(*ex.args).compiled_peak <= as_written
+    # Saved and applied again, the plan still runs the function as written.
+    path = tmp_path / "plan.json"
+    opt.plan(*ex.args).save(path)
+    again = autoremat.apply(ex.fn, autoremat.Plan.load(path))
+    assert compiled_stats(again, *ex.args).peak_bytes == as_written
+
+
+def test_an_integer_leaf_in_the_differentiated_arguments_fails_before_tracing():
+    calls = []
+
+    def loss(params, x):
+        calls.append(1)
+        return jnp.sum(params["w"] * x)
+
+    params = {"w": jnp.ones(3), "step": jnp.array(0, jnp.int32)}
+    opt = autoremat.optimize(loss, budget=0.5)
+    with pytest.raises(autoremat.UnsupportedFunctionError, match=r"args\[0\]\['step'\] has dtype int32.*argnums"):
+        opt(params, jnp.ones(3))
+    assert not calls
+
+
+def test_a_while_loop_under_reverse_mode_is_a_typed_error():
+    def loss(w, x):
+        def body(c):
+            i, h = c
+            return i + 1, jnp.tanh(h @ w)
+        return jnp.sum(jax.lax.while_loop(lambda c: c[0] < 3, body, (0, x))[1])
+
+    with pytest.raises(autoremat.UnsupportedFunctionError, match="while_loop.*lax.scan"):
+        autoremat.optimize(loss, budget=0.5).plan(jnp.ones((8, 8)), jnp.ones((4, 8)))
+
+
+def test_without_validation_a_fraction_is_of_the_compiled_peak():
+    """With validate=False, 0.7 of a 6-layer stack became 1.13x its compiled no-remat peak."""
+    ex = examples.get_example("mlp_chain")
+    compiled = compiled_stats(ex.fn, *ex.args).peak_bytes
+    with pytest.warns(UserWarning, match="NOT compiled"):
+        plan = autoremat.optimize(ex.fn, budget=0.85, validate=False).plan(*ex.args)
+    assert plan.budget == int(0.85 * compiled)
+
+
+def test_cpsat_is_warm_started_and_never_worse_than_the_dp():
+    """Cold, CP-SAT found no plan in 5 s on this 49-block chain; the DP takes 0.1 s."""
+    from autoremat.graph import build_graph
+    from autoremat.solver import build_chain_model, evaluate, lowest_peak, solve
+
+    ex = examples.transformer(n_layers=8, d_model=64, seq=32, batch=2, vocab=64)
+    model = build_chain_model(build_graph(ex.fn, *ex.args), offload=False)
+    assert len(model.blocks) >= 40
+    lo, hi = lowest_peak(model.problem), evaluate(model.problem, model.uniform("none"))[0]
+    budget = int(lo + 0.6 * (hi - lo))
+    dp = solve(model.problem, budget, method="dp")
+    cp = solve(model.problem, budget, method="cpsat", time_limit=2)
+    assert cp.objective <= dp.objective and cp.peak_bytes <= budget
+    assert cp.gap <= dp.gap + 1e-12  # the reported gap uses the better of the two bounds
+
+
+def test_unknown_solver_names_the_methods():
+    with pytest.raises(autoremat.SolverError, match="'auto', 'dp', 'cpsat', 'greedy', 'brute_force'"):
+        autoremat.optimize(lambda x: jnp.sum(x), budget=0.5, solver="brute")
+
+
+_SHARDED_JIT = textwrap.dedent("""
+    import json
+    import jax, jax.numpy as jnp
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    import autoremat
+    from autoremat.runtime._validate import compiled_stats
+
+    def loss(ws, x):
+        for w1, w2 in ws:
+            x = x + jnp.tanh(x @ w1) @ w2
+        return jnp.mean(x ** 2)
+
+    k = jax.random.split(jax.random.key(0), 3)
+    ws = [(jax.random.normal(k[0], (64, 256)) / 8, jax.random.normal(k[1], (256, 64)) / 16)] * 6
+    out = {}
+    for kind in ("explicit", "auto"):
+        axis = AxisType.Explicit if kind == "explicit" else AxisType.Auto
+        mesh = jax.make_mesh((4,), ("data",), axis_types=(axis,))
+        batch, rep = NamedSharding(mesh, P("data", None)), NamedSharding(mesh, P())
+        x = jax.device_put(jax.random.normal(k[2], (4096, 64)), batch)
+        params = jax.device_put(ws, rep)
+        base = compiled_stats(loss, params, x).peak_bytes
+        budget = int(0.7 * base)
+        row = {"base": base, "budget": budget}
+        opt = autoremat.optimize(loss, budget=budget)
+        try:
+            value, grads = jax.jit(jax.value_and_grad(opt))(params, x)
+        except autoremat.ShardingUnknownError as e:
+            row["error"] = str(e)
+            opt = autoremat.optimize(loss, budget=budget, in_shardings=(rep, batch))
+            value, grads = jax.jit(jax.value_and_grad(opt))(params, x)
+        plan = opt.plan(params, x)
+        row["plan_compiled"] = plan.meta["compiled_peak"]
+        row["validated"] = opt.validate(params, x).compiled_peak
+        ref = jax.jit(jax.grad(loss))(params, x)
+        row["grad_err"] = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(grads),
+                                                                            jax.tree.leaves(ref)))
+        out[kind] = row
+    print("RESULT" + json.dumps(out))
+""")
+
+
+def test_optimize_inside_jit_plans_per_device():
+    """The README's training step with the batch sharded over a 4-device mesh: inside jit the
+    planner saw global shapes (lowest 17.5 MiB) or took a fraction of the global peak."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+               XLA_FLAGS=" ".join(["--xla_force_host_platform_device_count=4", *CPU_XLA_FLAGS]))
+    proc = subprocess.run([sys.executable, "-c", _SHARDED_JIT], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.split("RESULT", 1)[1])
+    for kind, row in out.items():
+        assert row["plan_compiled"] <= row["budget"] and row["validated"] <= row["budget"], (kind, row)
+        assert row["plan_compiled"] < row["base"]
+        assert row["grad_err"] == 0.0, (kind, row)
+    assert "error" not in out["explicit"]  # JAX's abstract values carry explicit shardings
+    assert "in_shardings" in out["auto"]["error"] and "Explicit" in out["auto"]["error"]
