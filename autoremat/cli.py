@@ -283,7 +283,7 @@ def _validation_lines(planned) -> list[str]:
     compiled = plan.meta.get("compiled_peak")
     base = planned.baseline_peak
     lines = []
-    if compiled is None and base is not None and plan.meta.get("note") == "fits without remat":
+    if compiled is None and base is not None and plan.as_written:
         compiled = base
     if compiled is None:
         lines.append("validation: not compiled (--no-validate); the peak above is the model's prediction")
@@ -661,7 +661,7 @@ def frontier(model, example, sets, budgets, output, measure, device, offload, so
             continue
         plan = planned.plan
         peak = plan.meta.get("compiled_peak")
-        if peak is None and plan.meta.get("note") == "fits without remat":
+        if peak is None and plan.as_written:
             peak = planned.baseline_peak
         if peak is None:
             peak = plan.predicted_peak

@@ -81,7 +81,7 @@ def test_search_example_object_factory(tmp_path):
     """A factory returning an object with .fn and .args (autoremat.examples.Example)."""
     result = run("search", f"{FACTORIES}:tiny_example", "--budget", "1.0", "-q", "-o", tmp_path / "p.json")
     assert "fits" in result.stdout
-    assert Plan.load(tmp_path / "p.json").meta.get("note") == "fits without remat"
+    assert Plan.load(tmp_path / "p.json").meta.get("note") == "fits as written"
 
 
 def test_show(plan_file):

@@ -48,6 +48,15 @@ def _args():
     return ws, jax.random.normal(k[12], (1024, 128))
 
 
+def _assert_same_gradients(g, args):
+    """Equal to the unmodified function's gradients up to twice the difference between two
+    compiles of it (eager vs jit): recomputation changes XLA's float32 fusion the same way."""
+    ref, alt = jax.jit(jax.grad(_mlp()))(*args), jax.grad(_mlp())(*args)
+    for a, b, c in zip(jax.tree.leaves(g), jax.tree.leaves(ref), jax.tree.leaves(alt)):
+        noise = float(jnp.max(jnp.abs(c - b)))
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=2 * noise + 1e-7 * float(jnp.max(jnp.abs(b))))
+
+
 def _peak(fn, args):
     return compiled_stats(fn, *args).peak_bytes
 
@@ -68,10 +77,7 @@ def test_autoremat_regions_lower_the_peak(on):
         tied = _mlp(lambda f: checkpoint(f, policy=NOTHING, prevent_cse=True))
         none = _peak(_mlp(), args)
         assert _peak(tied, args) < 0.8 * none
-        g_ref = jax.grad(_mlp())(*args)
-        g = jax.jit(jax.grad(tied))(*args)
-        for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)):
-            np.testing.assert_allclose(a, b, rtol=1e-6, atol=0)
+        _assert_same_gradients(jax.jit(jax.grad(tied))(*args), args)
 
 
 @pytest.mark.parametrize("on", [False, True], ids=["remat3-off", "remat3-on"])
@@ -81,9 +87,7 @@ def test_optimize_fits_and_keeps_gradients(on):
         opt = autoremat.optimize(_mlp(), budget=0.7)
         report = opt.validate(*args)
         assert report.fits, str(report)
-        g_ref, g = jax.grad(_mlp())(*args), jax.grad(opt)(*args)
-        for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)):
-            np.testing.assert_allclose(a, b, rtol=1e-6, atol=0)
+        _assert_same_gradients(jax.grad(opt)(*args), args)
 
 
 def test_tied_checkpoint_with_integer_outputs_and_vmap():

@@ -267,8 +267,7 @@ def inspect(fn, *args, argnums=0, static_argnums: Sequence[int] = (), has_aux: b
       f32[2,4]   32 B        128        output of cos from <doctest ...>:1:28 (<lambda>)
       total: 2 residuals, 96 B (64 B of arguments), recompute 128 FLOP
     """
-    traced = trace(fn, args, kwargs, argnums=argnums, static_argnums=static_argnums, has_aux=has_aux,
-                   skip_integer_leaves=True)
+    traced = trace(fn, args, kwargs, argnums=argnums, static_argnums=static_argnums, has_aux=has_aux)
     residuals = function_residuals(traced)
     divisor = _divisors(traced, residuals, profile)
     names = _signature_names(fn, len(args))

@@ -106,7 +106,7 @@ def _path_name(path) -> str:
 
 def trace(fn, args: Sequence[Any], kwargs: dict | None = None, *, argnums=0,
           static_argnums: Sequence[int] = (), has_aux: bool = False, inline: bool = True,
-          skip_integer_leaves: bool = False) -> Traced:
+          skip_integer_leaves: bool = True) -> Traced:
     """Traces `fn(*args, **kwargs)` to a flat jaxpr.
 
     Args:
@@ -119,7 +119,8 @@ def trace(fn, args: Sequence[Any], kwargs: dict | None = None, *, argnums=0,
       has_aux: the function returns `(loss, aux)`.
       inline: inline nested `jit` calls and existing checkpoints.
       skip_integer_leaves: leave integer leaves of `argnums` undifferentiated, as
-        `saved_residuals` does, instead of raising as `jax.grad` would.
+        `saved_residuals` does; False raises UnsupportedFunctionError, as `jax.grad` would
+        (what `optimize` wants, before it plans).
 
     Raises:
       UnsupportedFunctionError: the output is not a scalar float, a value is not an array,
