@@ -22,7 +22,7 @@ from autoremat.graph._inspect import inspect
 from autoremat.runtime import Plan
 from autoremat.runtime import apply
 from autoremat.runtime import validate
-from autoremat.solver._budget import parse_budget
+from autoremat._units import parse_budget
 
 __version__ = "0.1.0"
 

@@ -2,7 +2,7 @@
 
 from autoremat._xla import configure_cpu_flags
 
-configure_cpu_flags()  # before JAX initializes its backend (DESIGN.md fact 4)
+configure_cpu_flags()  # before JAX initializes its backend (docs/FACTS.md fact 4)
 
 from autoremat.cli import main  # noqa: E402
 

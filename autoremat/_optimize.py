@@ -26,16 +26,17 @@ from typing import NamedTuple
 import jax
 
 from autoremat._errors import InfeasibleBudgetError, SolverError
-from autoremat._shardings import abstract_arguments, sharding_key
+from autoremat._bridge import to_plan
+from autoremat._shardings import abstract_arguments
 from autoremat.graph._graph import graph_from_traced
 from autoremat.graph._profiles import detect_profile, get_profile
-from autoremat.graph._trace import check_reverse_mode, split_static, trace
-from autoremat.runtime._apply import apply, evaluate_plan
+from autoremat.graph._trace import check_reverse_mode, signature_key, split_static, trace
+from autoremat.runtime._apply import apply, run_plan
 from autoremat.runtime._plan import Plan
 from autoremat.runtime._validate import ValidationReport, compiled_stats, validate
-from autoremat.solver._budget import check_budget, format_bytes, parse_budget
+from autoremat._units import check_budget, format_bytes, parse_budget
 from autoremat.solver._chain import evaluate, lowest_peak_segments
-from autoremat.solver._model import ChainModel, build_chain_model
+from autoremat.solver._chain_model import ChainModel, build_chain_model
 from autoremat.solver._solve import METHODS, solve
 
 __all__ = ["optimize", "Optimized", "plan_for"]
@@ -133,7 +134,7 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
         # (with the user's own checkpoints inlined away: the model's all-none plan is that).
         none_peak = baseline_peak
         if traced.user_checkpoints:
-            none_plan = model.to_plan(_all_none(model), budget=budget_bytes)
+            none_plan = to_plan(model, _all_none(model), budget=budget_bytes)
             none_peak = compiled_stats(apply(fn, none_plan), *abstract_args, **stats_kw, **abstract_kwargs).peak_bytes
             say(f"without its {traced.user_checkpoints} jax.checkpoint calls: {format_bytes(none_peak)}")
         predicted_none = evaluate(model.raw_problem, _all_none(model))[0]
@@ -155,7 +156,7 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
         segs = _all_none(model)
         note = "fits as written" + (f" (its {traced.user_checkpoints} jax.checkpoint calls kept)"
                                     if traced.user_checkpoints else "")
-        plan = model.to_plan(segs, budget=budget_bytes, meta={**meta, "note": note, "compiled_peak": baseline_peak})
+        plan = to_plan(model, segs, budget=budget_bytes, meta={**meta, "note": note, "compiled_peak": baseline_peak})
         plan = _with(plan, predicted_peak=evaluate(model.raw_problem, segs)[0], estimated_extra_time=0.0,
                      as_written=True)
         say(f"the un-optimized step already fits ({format_bytes(baseline_peak)}): running it as written")
@@ -171,7 +172,7 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
                     for sg in segments)
         if key not in tried:
             if (sig, key) not in _COMPILED:
-                p = model.to_plan(segments, budget=budget_bytes, meta=meta)
+                p = to_plan(model, segments, budget=budget_bytes, meta=meta)
                 peak, extra = evaluate(model.raw_problem, segments)
                 p = _with(p, predicted_peak=peak, estimated_extra_time=extra)
                 compiled = compiled_stats(apply(fn, p), *abstract_args, **stats_kw, **abstract_kwargs).peak_bytes
@@ -180,7 +181,7 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
         return tried[key]
 
     def accept(segments, result, how):
-        plan = model.to_plan(segments, budget=budget_bytes, result=result, meta=meta)
+        plan = to_plan(model, segments, budget=budget_bytes, result=result, meta=meta)
         if result is None:
             peak, extra = evaluate(model.raw_problem, segments)
             plan = _with(plan, predicted_peak=peak, estimated_extra_time=extra)
@@ -233,7 +234,7 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
         say(f"round {rnd + 1}: solver {result.solver} ({result.status}, {result.solve_time:.2f}s) predicts "
             f"{format_bytes(result.peak_bytes)}, +{result.objective * 1e3:.3g} ms")
         if not validate:
-            plan = model.to_plan(result.segments, budget=budget_bytes, result=result, meta=meta)
+            plan = to_plan(model, result.segments, budget=budget_bytes, result=result, meta=meta)
             warnings.warn(
                 f"autoremat: plan for {meta['function']} predicts {format_bytes(result.peak_bytes)} for the budget "
                 f"{format_bytes(budget_bytes)} but was NOT compiled to check it (validate=False)", stacklevel=3)
@@ -503,14 +504,9 @@ class Optimized:
         functools.update_wrapper(self, fn)
 
     def _key(self, args, kwargs):
-        dynamic, static = split_static(args, self._opts["static_argnums"])
-        leaves, treedef = jax.tree_util.tree_flatten((dynamic, kwargs))
-        given = self._opts["in_shardings"]
-        if given is not None:  # the shardings are the user's, whatever the leaves say
-            return treedef, tuple((tuple(jax.numpy.shape(x)), str(jax.numpy.result_type(x))) for x in leaves), \
-                tuple(sorted((k, repr(v)) for k, v in static.items()))
-        sig = tuple((tuple(jax.numpy.shape(x)), str(jax.numpy.result_type(x)), sharding_key(x)) for x in leaves)
-        return treedef, sig, tuple(sorted((k, repr(v)) for k, v in static.items()))
+        # With in_shardings the shardings are the user's, whatever the leaves say.
+        return signature_key(args, kwargs, self._opts["static_argnums"],
+                             shardings=self._opts["in_shardings"] is None)
 
     def _planned(self, args, kwargs) -> _Planned:
         key = self._key(args, kwargs)
@@ -528,7 +524,7 @@ class Optimized:
         leaves = jax.tree_util.tree_leaves((dynamic, kwargs))
         if p.plan.as_written:
             return self.fn(*args, **kwargs)
-        out = evaluate_plan(p.traced, p.plan, leaves)
+        out = run_plan(p.traced, p.plan, leaves)
         return jax.tree_util.tree_unflatten(p.traced.out_tree, out)
 
     def validate(self, *args, n_steps: int = 0, **kwargs) -> ValidationReport:

@@ -4,7 +4,7 @@ Both draw with matplotlib's object API (`matplotlib.figure.Figure`, no `pyplot`)
 neither need a display nor change the user's backend.  matplotlib is an optional
 dependency (`pip install autoremat[plot]`) imported only when a picture is drawn.
 
-The timeline is the chain model's stage-by-stage memory (DESIGN.md section 3,
+The timeline is the chain model's stage-by-stage memory (docs/FACTS.md section 3,
 `solver._chain.evaluate`): while region `m` runs forward, live memory is
 `base + stored(regions 0..m)`; while region `k` runs backward it is
 `base + stored(regions before k) + backward_bytes(k)`.  The highest step of the curve is the

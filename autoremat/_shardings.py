@@ -20,7 +20,7 @@ import numpy as np
 
 from autoremat._errors import ShardingUnknownError
 
-__all__ = ["abstract_arguments", "sharding_key"]
+__all__ = ["abstract_arguments"]
 
 
 def abstract_arguments(args: Sequence[Any], kwargs: dict, static_argnums: Sequence[int],
@@ -40,16 +40,6 @@ def abstract_arguments(args: Sequence[Any], kwargs: dict, static_argnums: Sequen
         out.append(_abstract_tree(a, given, f"{fn_name} argument {i}"))
     kw = jax.tree_util.tree_map(lambda x: _abstract(x, None, f"{fn_name} keyword argument"), kwargs)
     return tuple(out), kw
-
-
-def sharding_key(x, given=None) -> str:
-    """What distinguishes one argument leaf's layout in a plan cache key."""
-    if given is None:
-        try:
-            given = _own_sharding(x, "")
-        except ShardingUnknownError:  # planning says so, naming the argument
-            return "unknown"
-    return repr(given) if isinstance(given, jax.sharding.NamedSharding) else ""
 
 
 def _abstract_tree(arg, given, where: str):

@@ -7,7 +7,7 @@ results in benchmarks/results/cpu_flags.md):
   optimization barriers that `jax.checkpoint(prevent_cse=True)` inserts *before* its CSE
   pass, which then merges the recomputation back into the forward pass: per-block
   `nothing_saveable` on an 8-block MLP compiled to the same temp memory as no remat.
-* `--xla_cpu_enable_concurrency_optimized_scheduler=false` (DESIGN.md fact 4, written for an
+* `--xla_cpu_enable_concurrency_optimized_scheduler=false` (docs/FACTS.md fact 4, written for an
   older XLA) is deprecated in this XLA and now *hurts*: it selects a scheduler that hoists
   every block's recomputation to the start of the backward pass (4-layer transformer,
   per-layer `nothing_saveable`: 75.8 MiB with it, 47.6 MiB without; no remat 82.4 MiB).

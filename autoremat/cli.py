@@ -18,7 +18,7 @@ peak, a corrupt plan) print one line `autoremat: error: ...` on stderr and exit 
 (usage) or 1 (anything else); `--debug` shows the traceback instead.
 """
 
-# The XLA:CPU flags must be in the environment before JAX initializes its backend (DESIGN.md
+# The XLA:CPU flags must be in the environment before JAX initializes its backend (docs/FACTS.md
 # fact 4).  Importing this module imports the `autoremat` package, and so jax, but jax starts
 # its backend lazily, at the first computation, which only happens below.
 from autoremat._xla import configure_cpu_flags
@@ -39,7 +39,8 @@ from typing import Any  # noqa: E402
 import click  # noqa: E402
 
 from autoremat._errors import AutorematError, InfeasibleBudgetError  # noqa: E402
-from autoremat.solver._budget import format_bytes, parse_budget  # noqa: E402
+from autoremat._units import format_bytes, parse_budget  # noqa: E402
+from autoremat._bridge import baseline_segments, plan_segments, to_plan  # noqa: E402
 from autoremat.solver._solve import METHODS  # noqa: E402
 
 __all__ = ["main", "load_model", "parse_budget_text", "LoadedModel"]
@@ -304,101 +305,6 @@ def _validation_lines(planned) -> list[str]:
 
 # -- segments behind a plan (for the timeline) -------------------------------------------------
 
-def plan_segments(model, plan):
-    """The chain segments of a plan of `model`: its regions matched by range and saved set.
-
-    Blocks outside every region are grouped into the longest allowed `none` regions (the plan
-    does not record the solver's grouping, so the predicted peak may differ slightly).
-    """
-    from autoremat._plots import chain_problem
-    from autoremat.solver._chain import Segment
-
-    problem = chain_problem(model)
-    start_of = {b.start: b.index for b in model.blocks}
-    stop_of = {b.stop: b.index + 1 for b in model.blocks}
-    scan_block = {b.ops[0]: b.index for b in model.blocks if b.kind == "scan"}
-    chosen: dict[int, Segment] = {}
-
-    def pick(i, j, saved, off, name=None):
-        opts = problem.options.get((i, j), ())
-        same = [o for o in opts if isinstance(o.payload, dict) and o.payload.get("kind") != "none"
-                and frozenset(o.payload.get("saved", ())) == saved
-                and frozenset(o.payload.get("offloaded", ())) == off]
-        named = [o for o in same if o.name == name]
-        if not (named or same):
-            raise AutorematError(f"the plan's region over blocks [{i}, {j}) matches none of the model's options")
-        return Segment(i, j, (named or same)[0])
-
-    for r in plan.regions:
-        i, j = start_of.get(r.start), stop_of.get(r.stop)
-        if i is None or j is None:
-            raise AutorematError(f"the plan's region [{r.start}, {r.stop}) does not fall on block boundaries")
-        name = r.label.split(": ", 1)[1] if ": " in r.label else None
-        chosen[i] = pick(i, j, r.saved, r.offloaded, name)
-    for s in plan.scans:
-        i = scan_block.get(s.op)
-        if i is None:
-            raise AutorematError(f"the plan's scan {s.op} is not a block of the model")
-        chosen[i] = pick(i, i + 1, s.saved, s.offloaded)
-    segs, i = [], 0
-    while i < problem.n_blocks:
-        if i in chosen:
-            segs.append(chosen[i])
-            i = chosen[i].stop
-            continue
-        # Blocks outside every region: the plan does not record how the solver grouped them
-        # into "none" regions; take the longest allowed "none" regions up to the next region.
-        stop = min([k for k in chosen if k > i], default=problem.n_blocks)
-        for j in range(stop, i, -1):
-            none = [o for o in problem.options.get((i, j), ()) if o.name == "none"]
-            if none:
-                segs.append(Segment(i, j, none[0]))
-                i = j
-                break
-        else:
-            raise AutorematError(f"block {i} has no 'none' option to leave it un-rematerialized")
-    return tuple(segs)
-
-
-def baseline_segments(model, option: str | None):
-    """Per-block segments of a built-in policy: `None` = no remat, else an option kind per block.
-
-    `option` is a block option kind (`"recompute"` = `nothing_saveable`, `"save:dots"` =
-    `dots_saveable`), named `ckpt:<kind>` on ordinary blocks and `scan:<kind>` on scan blocks.
-    Segments refer to `chain_problem(model)` (all options, before dominance pruning).  On a
-    model without those, a block whose option was pruned uses the option with the same saved
-    set, else the one with the least memory.  Returns `(segments, substituted blocks)`.
-    """
-    from autoremat._plots import chain_problem
-    from autoremat.solver._chain import Segment
-
-    if hasattr(model, "uniform"):
-        segs = model.uniform("none" if option is None else "ckpt:" + option, 1)
-        if segs is not None:
-            return segs, 0
-    problem = chain_problem(model)
-    segs, substituted = [], 0
-    for b in model.blocks:
-        i = b.index
-        opts = problem.options[(i, i + 1)]
-        if option is None:
-            want = "none"
-        else:
-            want = ("scan:" if b.kind == "scan" else "ckpt:") + option
-        match = [o for o in opts if o.name == want]
-        if not match and option is not None and b.kind != "scan":
-            wanted_set = dict(model.data[i].options).get(option) if model.data else None
-            match = [o for o in opts if isinstance(o.payload, dict) and o.payload.get("kind") == "region"
-                     and not o.payload.get("offloaded")
-                     and frozenset(o.payload.get("saved", ())) == wanted_set]
-        if not match:
-            if any(o.name != "none" for o in opts):
-                substituted += 1
-            match = [min(opts, key=lambda o: (max(o.stored_bytes, o.backward_bytes), o.extra_time))]
-        segs.append(Segment(i, i + 1, match[0]))
-    return tuple(segs), substituted
-
-
 # -- the click application ---------------------------------------------------------------------
 
 class _Group(click.Group):
@@ -592,8 +498,6 @@ def inspect_cmd(model, example, sets, max_rows, sort):
 def frontier(model, example, sets, budgets, output, measure, device, offload, solver, time_limit, no_validate,
              quiet):
     """Plot peak memory against step time over several budgets, with built-in policies."""
-    import jax
-
     from autoremat._optimize import plan_for
     from autoremat._shardings import abstract_arguments
     from autoremat._plots import ParetoPoint, chain_problem, pareto_plot
@@ -603,7 +507,7 @@ def frontier(model, example, sets, budgets, output, measure, device, offload, so
     from autoremat.runtime._apply import apply
     from autoremat.runtime._validate import compiled_stats
     from autoremat.solver._chain import evaluate
-    from autoremat.solver._model import build_chain_model
+    from autoremat.solver._chain_model import build_chain_model
 
     say = _progress(quiet)
     validate = not no_validate
@@ -642,7 +546,7 @@ def frontier(model, example, sets, budgets, output, measure, device, offload, so
         if option is None and none_peak is not None and not measure:
             peak = none_peak
         elif validate or measure:
-            fn = m.fn if option is None else apply(m.fn, chain.to_plan(segs))
+            fn = m.fn if option is None else apply(m.fn, to_plan(chain, segs))
             peak, step = measure_fn(fn)
         if option is None:
             none_time = step

@@ -12,7 +12,7 @@ else is a JAX checkpoint policy (``jax.checkpoint_policies.nothing_saveable``,
 ``jax.checkpoint(block, policy=policy)``, and in the scan-over-layers
 transformer the scan body is. This is the "built-in policy per block"
 baseline that autoremat plans are compared against. One checkpoint around the
-whole loss would save nothing (DESIGN.md section 2, fact 1).
+whole loss would save nothing (docs/FACTS.md section 2, fact 1).
 
 Models:
 
@@ -211,7 +211,7 @@ MAXTEXT_PRESETS: dict[str, Policy] = {
     # MaxText's current "minimal": every weight matmul output (the dots with no
     # batch dimension), by name. Older MaxText used
     # checkpoint_dots_with_no_batch_dims for this, which selects the same values
-    # by primitive; names are what jax_remat3 keeps (DESIGN.md fact 3).
+    # by primitive; names are what jax_remat3 keeps (docs/FACTS.md fact 3).
     "minimal": jax.checkpoint_policies.save_only_these_names(*_QKV, "out_proj", "mlpwi", "mlpwo"),
     "minimal_with_context": jax.checkpoint_policies.save_only_these_names(
         *_QKV, "context", "out_proj", "mlpwi", "mlpwo"
@@ -242,7 +242,7 @@ MAXTEXT_PRESETS: dict[str, Policy] = {
 Ordered roughly from most to least saved. ``"full"`` saves nothing inside a
 block; MaxText's ``"none"`` (no remat) is ``policy=None`` here. The offloaded
 presets move residuals to ``pinned_host`` memory, which also exists on CPU
-(DESIGN.md fact 7).
+(docs/FACTS.md fact 7).
 """
 
 

@@ -51,7 +51,7 @@ print(" ".join(f"{v:.1f}" for v in vals))
 
 SETTINGS = [
     ("default XLA:CPU", ""),
-    ("scheduler flag only (DESIGN.md fact 4)", "--xla_cpu_enable_concurrency_optimized_scheduler=false"),
+    ("scheduler flag only (docs/FACTS.md fact 4)", "--xla_cpu_enable_concurrency_optimized_scheduler=false"),
     ("scheduler flag + cse_barrier_expander off", "--xla_cpu_enable_concurrency_optimized_scheduler=false "
                                                   "--xla_disable_hlo_passes=cse_barrier_expander"),
     ("cse_barrier_expander off (autoremat)", "--xla_disable_hlo_passes=cse_barrier_expander"),

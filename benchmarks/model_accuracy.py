@@ -32,6 +32,7 @@ from autoremat.examples import get_example  # noqa: E402
 from autoremat.graph import build_graph  # noqa: E402
 from autoremat.runtime import apply, compiled_stats  # noqa: E402
 from autoremat.solver import build_chain_model, evaluate  # noqa: E402
+from autoremat._bridge import to_plan  # noqa: E402
 
 MODELS = ("mlp_chain", "transformer", "transformer_scan", "convnet")
 KINDS = ("none", "ckpt:recompute", "ckpt:save:dots", "ckpt:ilp100%")
@@ -65,7 +66,7 @@ def main(models=MODELS):
                     continue
                 predicted = evaluate(model.raw_problem, segs)[0]
                 before = set(os.listdir(_DUMP))
-                compiled = compiled_stats(apply(ex.fn, model.to_plan(segs)), *ex.args).peak_bytes
+                compiled = compiled_stats(apply(ex.fn, to_plan(model, segs)), *ex.args).peak_bytes
                 live = _live_peak(before)
                 live_cols = ("| |" if live is None else
                              f"| {live / 2**20:.1f} | {(predicted - live) / live:+.0%} |")

@@ -85,7 +85,7 @@ def main(argv=None):
     print(f"backend {jax.default_backend()} ({jax.devices()[0].device_kind}), jax {jax.__version__}, "
           f"XLA_FLAGS={__import__('os').environ.get('XLA_FLAGS', '')!r}")
     unit = "peak MiB" + (" / step ms" if opts.time else "")
-    print(f"\n| model | jax_remat3 | " + " | ".join(f"{k} ({unit})" for k in WRAPS) + " |")
+    print("\n| model | jax_remat3 | " + " | ".join(f"{k} ({unit})" for k in WRAPS) + " |")
     print("|---|---|" + "---|" * len(WRAPS))
     for model, build, args in (("MLP, 6 blocks", _mlp, (ws, x)), ("transformer, 4 layers", _transformer, ex.args)):
         for on in (False, True):

@@ -21,7 +21,7 @@ Writes `<out>/<backend>.md`, `<out>/<backend>.json` and `<out>/<backend>-<model>
 
 from autoremat._xla import configure_cpu_flags
 
-configure_cpu_flags()  # before JAX initializes its backend (DESIGN.md fact 4)
+configure_cpu_flags()  # before JAX initializes its backend (docs/FACTS.md fact 4)
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
@@ -45,6 +45,7 @@ from autoremat.examples import MAXTEXT_PRESETS, SIZES, get_example  # noqa: E402
 from autoremat.graph._graph import build_graph  # noqa: E402
 from autoremat.runtime._validate import compiled_stats  # noqa: E402
 from autoremat.solver._chain import evaluate, lowest_peak_segments  # noqa: E402
+from autoremat._bridge import plan_segments, to_plan  # noqa: E402
 
 MIB = 2**20
 MODELS = ("transformer", "transformer_scan", "mlp_chain", "convnet")
@@ -158,8 +159,6 @@ def segments_of(model, plan):
     if m:  # plan_for's compile-verified fallback: model.uniform(kind, size)
         return model.uniform(m.group(1), int(m.group(2)))
     try:
-        from autoremat.cli import plan_segments
-
         return plan_segments(model, plan)
     except Exception:  # noqa: BLE001 - a best-effort estimate only
         return None
@@ -231,7 +230,7 @@ def run_model(name: str, size: str, quick: bool, n_steps: int, offload: bool, ba
     # Diagnostic: the chain model's lowest-peak plan, compiled (what autoremat could reach).
     try:
         low = lowest_peak_segments(model.problem)
-        low_fn = autoremat.apply(fn, model.to_plan(low))
+        low_fn = autoremat.apply(fn, to_plan(model, low))
         out["lowest_plan"] = {"predicted_peak": int(evaluate(model.problem, low)[0]),
                               "compiled_peak": compiled_stats(low_fn, *args).peak_bytes}
     except Exception as e:  # noqa: BLE001
@@ -245,7 +244,7 @@ def run_model(name: str, size: str, quick: bool, n_steps: int, offload: bool, ba
         points.append({"method": f"sqrt(n): {k} blocks/region", "kind": "sqrt", "status": "error",
                        "error": f"model.uniform('ckpt:recompute', size={k}) is None (region not allowed)"})
     else:
-        plan = model.to_plan(segs)
+        plan = to_plan(model, segs)
         pred = int(evaluate(model.raw_problem, segs)[0])
         rec = baseline(f"sqrt(n): {k} blocks/region", "sqrt", lambda: autoremat.apply(fn, plan),
                        {"predicted_peak": pred, "recompute_flops_model": plan_recompute_flops(segs)})

@@ -31,9 +31,9 @@ import jax  # noqa: E402
 from autoremat._errors import InfeasibleBudgetError  # noqa: E402
 from autoremat.examples import transformer  # noqa: E402
 from autoremat.graph._graph import build_graph  # noqa: E402
-from autoremat.solver._budget import format_bytes  # noqa: E402
+from autoremat._units import format_bytes  # noqa: E402
 from autoremat.solver._chain import evaluate, lowest_peak  # noqa: E402
-from autoremat.solver._model import build_chain_model  # noqa: E402
+from autoremat.solver._chain_model import build_chain_model  # noqa: E402
 from autoremat.solver._solve import solve  # noqa: E402
 
 TARGET_S = 10.0

@@ -16,10 +16,11 @@ from autoremat.examples import get_example
 from autoremat.graph._trace import trace
 from autoremat.graph._graph import graph_from_traced
 from autoremat.graph._profiles import detect_profile
-from autoremat.solver._model import build_chain_model
+from autoremat.solver._chain_model import build_chain_model
 from autoremat.solver._chain import evaluate, lowest_peak_segments
 from autoremat.runtime._apply import apply
 from autoremat.runtime._validate import compiled_stats
+from autoremat._bridge import to_plan
 
 MiB = 2**20
 cp = jax.checkpoint_policies
@@ -47,12 +48,12 @@ for name in models:
             if segs is None:
                 continue
             pred = evaluate(m.raw_problem, segs)[0]
-            plan = m.to_plan(segs)
+            plan = to_plan(m, segs)
             f = apply(ex.fn, plan)
             s1 = compiled_stats(f, *absargs)
             s2 = compiled_stats(f, *ex.args)
             print(f"{kind} x{size}: pred {pred/MiB:.1f} | abstract {fmt(s1)} | concrete peak {s2.peak_bytes/MiB:.1f}", flush=True)
         low = lowest_peak_segments(m.problem)
         pred = evaluate(m.raw_problem, low)[0]
-        s1 = compiled_stats(apply(ex.fn, m.to_plan(low)), *absargs)
+        s1 = compiled_stats(apply(ex.fn, to_plan(m, low)), *absargs)
         print(f"lowest: pred {pred/MiB:.1f} | {fmt(s1)} | {[sg.option.name for sg in low]}", flush=True)

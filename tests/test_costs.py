@@ -305,7 +305,7 @@ def test_scan_is_body_times_length():
 
 
 def test_xla_counts_scan_body_once():
-    # DESIGN.md fact 6: cost_analysis counts a scan body once, not times its trip count.
+    # docs/FACTS.md fact 6: cost_analysis counts a scan body once, not times its trip count.
     length = 4
     x, ws = jnp.ones((32, 64)), jnp.ones((length, 64, 64))
     f = lambda x, ws: lax.scan(lambda c, w: (_mlp_layer(c, w), None), x, ws)[0]

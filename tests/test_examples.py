@@ -40,7 +40,7 @@ def value_and_grad(ex):
 
 
 def compiled_peak(compiled):
-    """Peak bytes: arguments + outputs + temporaries - aliases (DESIGN.md section 2, fact 5)."""
+    """Peak bytes: arguments + outputs + temporaries - aliases (docs/FACTS.md section 2, fact 5)."""
     m = compiled.memory_analysis()
     return m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
 
@@ -183,7 +183,7 @@ def test_scan_flag_and_transformer_scan_agree():
 
 
 # ---------------------------------------------------------------------------
-# Per-block remat lowers the compiled peak (DESIGN.md section 2, facts 1 and 8)
+# Per-block remat lowers the compiled peak (docs/FACTS.md section 2, facts 1 and 8)
 # ---------------------------------------------------------------------------
 
 def test_per_block_nothing_saveable_lowers_compiled_peak():

@@ -1,7 +1,7 @@
 """Tests of stage 1: tracing, the dataflow graph, residuals and `inspect`.
 
 Residual bytes are checked against JAX's own `saved_residuals`, FLOPs against XLA's
-`cost_analysis` (DESIGN.md facts 6 and 9), on the built-in example models at small sizes.
+`cost_analysis` (docs/FACTS.md facts 6 and 9), on the built-in example models at small sizes.
 """
 
 import functools
@@ -147,7 +147,7 @@ def test_scan_flops_are_trip_count_times_body():
     (body,) = scan.bodies
     assert length == 3 and scan.cost.flops == pytest.approx(length * body.total_flops())
     assert all(op.multiplicity == length for op in body.ops.values())
-    # XLA counts the body once (DESIGN.md fact 6): ours = XLA + (length - 1) bodies.
+    # XLA counts the body once (docs/FACTS.md fact 6): ours = XLA + (length - 1) bodies.
     xla = xla_flops(ex.fn, *ex.args)
     assert g.total_flops() == pytest.approx(xla + (length - 1) * body.total_flops(), rel=0.10)
     assert g.total_flops() > 2.5 * xla

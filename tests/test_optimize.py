@@ -1,4 +1,4 @@
-"""The product contract of `autoremat.optimize` (DESIGN.md section 1)."""
+"""The product contract of `autoremat.optimize` (docs/FACTS.md section 1)."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,7 @@ import pytest
 import autoremat
 from autoremat import _optimize
 from autoremat.runtime import compiled_stats
-from autoremat.solver import _model
+from autoremat.solver import _peak_model
 
 
 def _mlp(n=6, width=64, hidden=256, batch=1024):
@@ -144,7 +144,7 @@ def test_compile_and_correct_loop_when_the_model_is_off(mlp, monkeypatch):
     """With the backward pass's live bytes dropped from the model, it under-predicts;
     optimize must notice it by compiling and still return a plan that fits."""
     loss, ws, x, base = mlp
-    monkeypatch.setattr(_model._BackwardProfile, "peak", lambda self, a, b, values, **kw: 0)
+    monkeypatch.setattr(_peak_model._BackwardProfile, "peak", lambda self, a, b, values, **kw: 0)
     budget = int(0.7 * base)
     planned = _optimize.plan_for(loss, budget, (ws, x))
     history = planned.history
@@ -159,8 +159,8 @@ def test_over_prediction_raises_the_target(mlp, monkeypatch):
     compiled plan leaves budget unused, optimize asks the solver again with a higher target
     and keeps the fastest plan that compiles within the budget."""
     loss, ws, x, base = mlp
-    real_peak = _model._BackwardProfile.peak
-    monkeypatch.setattr(_model._BackwardProfile, "peak",
+    real_peak = _peak_model._BackwardProfile.peak
+    monkeypatch.setattr(_peak_model._BackwardProfile, "peak",
                         lambda self, a, b, values, **kw: int(1.15 * real_peak(self, a, b, values, **kw)))
     budget = int(0.85 * base)
     planned = _optimize.plan_for(loss, budget, (ws, x))

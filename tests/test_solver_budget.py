@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from autoremat._errors import BudgetError
-from autoremat.solver._budget import format_bytes, parse_budget
+from autoremat._units import format_bytes, parse_budget
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The graph -> chain model (solver/_model.py): block cuts, fusion-aware costs, backward live bytes."""
+"""The graph -> chain model (solver/_chain_model.py and the modules it builds on): block cuts, fusion-aware costs, backward live bytes."""
 
 import jax
 import jax.numpy as jnp
@@ -8,7 +8,8 @@ import pytest
 from autoremat import _optimize, examples
 from autoremat.graph import build_graph
 from autoremat.runtime import compiled_stats
-from autoremat.solver import _model
+from autoremat.solver import _blocks, _chain_model, _peak_model, _recompute, _region_options
+from autoremat._bridge import to_plan
 
 
 def _skip_net(x, w1, w2, w3):
@@ -37,7 +38,7 @@ def test_cuts_at_user_line_changes():
     g = build_graph(_skip_net, *_args(), argnums=(1, 2, 3))
     lines = g.traced.user_lines()
     changes = {p for p in range(1, len(lines)) if lines[p] != lines[p - 1]}
-    blocks = _model.find_blocks(g, merge="none")
+    blocks = _blocks.find_blocks(g, merge="none")
     starts = {b.start for b in blocks}
     assert changes <= starts
 
@@ -50,7 +51,7 @@ def test_relu_custom_jvp_is_elementwise():
     relu = [op for op in g.ops.values() if op.primitive.startswith("custom_jvp")]
     assert relu and all(op.params.get("elementwise") for op in relu)
     ops = list(g.ops.values())
-    residuals, extra = _model.stored_residuals(g, ops)
+    residuals, extra = _peak_model.stored_residuals(g, ops)
     # The relu's extras (its input and mask) are recomputed inside the backward fusion.
     assert extra == 0
     assert residuals  # the matmul's input and the relu's input remain
@@ -61,8 +62,8 @@ def test_fused_recompute_time_is_below_the_roofline_sum():
         return jnp.sum(jax.nn.gelu(x @ w, approximate=True))
 
     g = build_graph(gelu_layer, *_args(256)[:2], argnums=1)
-    rt = _model.recompute_times(g)
-    elementwise = [op for op in g.ops.values() if op.primitive in _model.FUSIBLE]
+    rt = _recompute.recompute_times(g)
+    elementwise = [op for op in g.ops.values() if op.primitive in _recompute.FUSIBLE]
     assert len(elementwise) >= 5
     assert sum(rt[op.id] for op in elementwise) < 0.5 * sum(op.time for op in elementwise)
     for op in g.ops.values():
@@ -72,7 +73,7 @@ def test_fused_recompute_time_is_below_the_roofline_sum():
 
 def test_backward_profile_counts_skip_cotangents_and_frees_residuals():
     g = build_graph(_skip_net, *_args(), argnums=(1, 2, 3))
-    prof = _model._BackwardProfile(g)
+    prof = _peak_model._BackwardProfile(g)
     n = len(g.ops)
     produced = frozenset(v for op in g.ops.values() for v in op.outputs)
     full = prof.peak(0, n, produced)
@@ -82,7 +83,7 @@ def test_backward_profile_counts_skip_cotangents_and_frees_residuals():
     assert np.all(np.diff(pre) >= 0)
     assert pre[-1] == sum(g.values[v].nbytes for v in produced)
     # A region in the middle sees the cotangent of the skip tensor crossing it.
-    blocks = _model.find_blocks(g, merge="none")
+    blocks = _blocks.find_blocks(g, merge="none")
     mid = [b for b in blocks if b.start > 0 and b.stop < n]
     assert mid
     a, b = mid[0].start, mid[0].stop
@@ -93,8 +94,8 @@ def test_backward_profile_counts_skip_cotangents_and_frees_residuals():
 def test_gradient_bytes_count_from_first_use():
     x, *ws = _args()
     g = build_graph(_skip_net, x, *ws, argnums=(1, 2, 3))
-    blocks = _model.find_blocks(g, merge="none")
-    grads = _model._gradient_bytes_from(g, blocks)
+    blocks = _blocks.find_blocks(g, merge="none")
+    grads = _chain_model._gradient_bytes_from(g, blocks)
     assert grads[0] == sum(w.nbytes for w in ws)
     assert all(a >= b for a, b in zip(grads, grads[1:]))
     assert grads[len(blocks) - 1] < grads[0]
@@ -122,7 +123,7 @@ def test_optimize_reaches_per_stage_nothing_saveable_on_the_unet():
 @pytest.mark.parametrize("merge", ["next", "prev", "none"])
 def test_block_variants_cover_the_equations(merge):
     g = build_graph(_skip_net, *_args(), argnums=(1, 2, 3))
-    blocks = _model.find_blocks(g, merge=merge)
+    blocks = _blocks.find_blocks(g, merge=merge)
     assert blocks[0].start == 0 and blocks[-1].stop == len(g.ops)
     assert all(a.stop == b.start for a, b in zip(blocks, blocks[1:]))
 
@@ -130,7 +131,7 @@ def test_block_variants_cover_the_equations(merge):
 def test_unknown_merge_is_rejected():
     g = build_graph(_skip_net, *_args(), argnums=(1, 2, 3))
     with pytest.raises(ValueError, match="merge"):
-        _model.find_blocks(g, merge="sideways")
+        _blocks.find_blocks(g, merge="sideways")
 
 
 def _attention_like(x, w, v):
@@ -146,7 +147,7 @@ def test_dots_no_batch_kind_saves_what_the_jax_policy_saves():
                jax.random.normal(k[2], (4, 16, 32)))
     g = build_graph(_attention_like, x, w, v, argnums=(1, 2))
     ops = list(g.ops.values())
-    kinds = dict(_model._solve_block_options(g, ops, frozenset(v for o in ops for v in o.outputs),
+    kinds = dict(_region_options._solve_block_options(g, ops, frozenset(v for o in ops for v in o.outputs),
                                              frozenset(), (), "greedy", None))
     dots = [o for o in ops if o.primitive == "dot_general"]
     assert [o.params["batch_dims"] for o in dots] == [False, True]
@@ -170,7 +171,7 @@ def _scan_args(n_layers=4, width=128, batch=512):
 
 def test_uniform_on_scan_bodies_leaves_other_blocks_alone():
     g = build_graph(_scan_loss, *_scan_args())
-    model = _model.build_chain_model(g, offload=False)
+    model = _chain_model.build_chain_model(g, offload=False)
     assert any(b.kind == "scan" for b in model.blocks)
     segs = model.uniform("ckpt:save:dots", scans_only=True)
     for sg in segs:
@@ -185,7 +186,7 @@ SMALL_SCAN = dict(n_layers=2, d_model=128, seq=64, batch=2, vocab=256)
 def small_scan():
     """The small tagged scan transformer and its chain model (offload off), built once."""
     ex = examples.get_example("transformer_scan", **SMALL_SCAN)
-    return ex, _model.build_chain_model(build_graph(ex.fn, *ex.args), offload=False)
+    return ex, _chain_model.build_chain_model(build_graph(ex.fn, *ex.args), offload=False)
 
 
 def _scan_body_peaks(small_scan, kind):
@@ -193,7 +194,7 @@ def _scan_body_peaks(small_scan, kind):
     ex, model = small_scan
     segs = model.uniform(kind, scans_only=True)
     predicted = _optimize.evaluate(model.raw_problem, segs)[0]
-    compiled = compiled_stats(_optimize.apply(ex.fn, model.to_plan(segs)), *ex.args).peak_bytes
+    compiled = compiled_stats(_optimize.apply(ex.fn, to_plan(model, segs)), *ex.args).peak_bytes
     return predicted, compiled
 
 
@@ -293,7 +294,7 @@ def test_period_finds_the_layers_of_an_unrolled_stack():
     # cut where the least crosses, is a layer-sized policy candidate.  The MLP's blocks are
     # its layers already (period 1: None); the U-Net does not repeat.
     ex = examples.get_example("transformer")
-    model = _model.build_chain_model(build_graph(ex.fn, *ex.args), offload=False)
+    model = _chain_model.build_chain_model(build_graph(ex.fn, *ex.args), offload=False)
     offset, p = model.period()
     sigs = [b.signature for b in model.blocks]
     assert p >= 2 and sigs[offset:offset + p] == sigs[offset + p:offset + 2 * p]
@@ -302,4 +303,4 @@ def test_period_finds_the_layers_of_an_unrolled_stack():
     assert [sg.stop - sg.start for sg in segs[1:-1]] == [p] * (len(segs) - 2)
     for name in ("mlp_chain", "convnet"):
         ex = examples.get_example(name)
-        assert _model.build_chain_model(build_graph(ex.fn, *ex.args), offload=False).period() is None
+        assert _chain_model.build_chain_model(build_graph(ex.fn, *ex.args), offload=False).period() is None

@@ -30,7 +30,7 @@ Conventions (chosen to match XLA's ``HloCostAnalysis`` where it is exact):
   ``cond`` is the field-wise maximum over its branches;
   ``while`` counts its condition and body once and sets :attr:`OpCost.unknown_trip_count`,
   because the trip count is not known statically. XLA's ``cost_analysis`` also counts
-  loop bodies once (DESIGN.md fact 6); this model multiplies ``scan`` bodies by their length.
+  loop bodies once (docs/FACTS.md fact 6); this model multiplies ``scan`` bodies by their length.
 - Every equation is counted, including dead ones: ``make_jaxpr(jax.grad(f))`` keeps some
   unused forward values that XLA removes, so on such jaxprs this model can exceed
   ``cost_analysis`` until the jaxpr is dead-code eliminated.

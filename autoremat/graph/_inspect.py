@@ -28,21 +28,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from autoremat._units import format_bytes as _format_bytes
 from autoremat.graph._costs import aval_bytes
 from autoremat.graph._residuals import FunctionResidual, function_residuals
 from autoremat.graph._trace import Traced, trace
 
 __all__ = ["InspectRow", "SourceGroup", "InspectReport", "inspect"]
-
-try:  # the solver's formatter, so reports and budget errors print bytes alike
-    from autoremat.solver._budget import format_bytes as _format_bytes
-except ImportError:  # pragma: no cover - the solver package is optional here
-
-    def _format_bytes(n: int | float) -> str:
-        for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-            if abs(n) >= scale:
-                return f"{n / scale:.1f} {unit}"
-        return f"{int(n)} B"
 
 
 _SORTS = ("bytes", "flops", "order")

@@ -94,6 +94,30 @@ def split_static(args: Sequence[Any], static_argnums: Sequence[int]):
     return dynamic, static
 
 
+def signature_key(args: Sequence[Any], kwargs: dict, static_argnums: Sequence[int], *,
+                  shardings: bool = True) -> tuple:
+    """What one traced signature is keyed by, everywhere (`optimize`'s plans, `apply`'s traces):
+    the pytree structure, each leaf's shape, dtype and (with `shardings`) NamedSharding, and the
+    static arguments (by value, or by identity when unhashable)."""
+    dynamic, static = split_static(args, static_argnums)
+    leaves, treedef = jax.tree_util.tree_flatten((dynamic, kwargs))
+
+    def leaf(x):
+        s = leaf_sharding(x) if shardings else None
+        return (tuple(np.shape(x)), str(jax.numpy.result_type(x)),
+                repr(s) if isinstance(s, jax.sharding.NamedSharding) else "")
+
+    return treedef, tuple(leaf(x) for x in leaves), tuple(sorted((k, _static_key(v)) for k, v in static.items()))
+
+
+def _static_key(v):
+    try:
+        hash(v)
+        return v
+    except TypeError:
+        return id(v)
+
+
 def merge_static(dynamic: Sequence[Any], static: dict[int, Any]) -> tuple:
     it = iter(dynamic)
     n = len(dynamic) + len(static)

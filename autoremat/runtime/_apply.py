@@ -1,4 +1,4 @@
-"""`apply(fn, plan)`: realize a plan by re-evaluating fn's jaxpr (DESIGN.md fact 2).
+"""`apply(fn, plan)`: realize a plan by re-evaluating fn's jaxpr (docs/FACTS.md fact 2).
 
 The function is traced once per argument signature; its flat jaxpr is evaluated equation
 by equation.  Each `Region` of the plan becomes a `jax.checkpoint` whose policy is
@@ -21,7 +21,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from autoremat._errors import PlanMismatchError
 from autoremat.graph._interpret import eval_eqn, scan_counts
-from autoremat.graph._trace import Traced, split_static, trace
+from autoremat.graph._trace import Traced, signature_key, split_static, trace
 from autoremat.runtime._checkpoint import checkpoint
 from autoremat.runtime._plan import Plan, Region, ScanPlan, checkpoint_names
 
@@ -31,7 +31,7 @@ from autoremat.runtime._plan import Plan, Region, ScanPlan, checkpoint_names
 # 50.8 MiB without (= hand-written nothing_saveable with prevent_cse=False).
 PREVENT_CSE_IN_SCAN = False
 
-__all__ = ["apply", "evaluate_plan", "check_plan_matches", "region_policy"]
+__all__ = ["apply", "run_plan", "check_plan_matches", "region_policy"]
 
 
 def region_policy(saved_names: Sequence[str], offloaded_names: Sequence[str]):
@@ -185,7 +185,7 @@ def _run_scan(eqn, invals, sp: ScanPlan, plan: Plan, oid: str):
     return list(carry) + list(ys)
 
 
-def evaluate_plan(traced: Traced, plan: Plan, flat_args):
+def run_plan(traced: Traced, plan: Plan, flat_args):
     """Evaluates the traced function's flat jaxpr under `plan` (flat outputs)."""
     return _Evaluator(traced, plan)(flat_args)
 
@@ -220,10 +220,9 @@ def apply(fn, plan: Plan):
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
-        dynamic, static = split_static(args, plan.static_argnums)
-        leaves, treedef = jax.tree_util.tree_flatten((dynamic, kwargs))
-        key = (treedef, tuple((tuple(jax.numpy.shape(x)), str(jax.numpy.result_type(x))) for x in leaves),
-               tuple(sorted((k, _static_key(v)) for k, v in static.items())))
+        dynamic, _ = split_static(args, plan.static_argnums)
+        leaves = jax.tree_util.tree_leaves((dynamic, kwargs))
+        key = signature_key(args, kwargs, plan.static_argnums)
         traced = cache.get(key)
         if traced is None:
             traced = trace(fn, args, kwargs, argnums=plan.argnums, static_argnums=plan.static_argnums,
@@ -232,16 +231,8 @@ def apply(fn, plan: Plan):
             cache[key] = traced
         if plan.as_written:
             return fn(*args, **kwargs)
-        out = evaluate_plan(traced, plan, leaves)
+        out = run_plan(traced, plan, leaves)
         return jax.tree_util.tree_unflatten(traced.out_tree, out)
 
     wrapped.plan = plan
     return wrapped
-
-
-def _static_key(v):
-    try:
-        hash(v)
-        return v
-    except TypeError:
-        return id(v)

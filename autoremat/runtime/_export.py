@@ -10,7 +10,16 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from autoremat.runtime._plan import Plan, _walk
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # _plan imports this module (Plan.to_python), not the other way round
+    from autoremat.runtime._plan import Plan
+
+
+def _walk(regions):
+    for r in regions:
+        yield r
+        yield from _walk(r.children)
 
 __all__ = ["plan_to_python", "export_names"]
 

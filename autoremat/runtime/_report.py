@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autoremat.solver._budget import format_bytes
+from autoremat._units import format_bytes
 
 __all__ = ["plan_summary"]
 

@@ -1,7 +1,7 @@
 """Validate a plan by compiling `jax.value_and_grad` of the rewritten function with XLA.
 
 The compiled peak is `argument + output + temp - alias` from `memory_analysis()` (on CPU,
-`peak_memory_in_bytes` does not move with the plan: DESIGN.md fact 5); on GPU the value XLA
+`peak_memory_in_bytes` does not move with the plan: docs/FACTS.md fact 5); on GPU the value XLA
 reports as peak is recorded beside it.
 """
 
@@ -112,7 +112,7 @@ class ValidationReport:
         return self.compiled.peak_bytes
 
     def __str__(self) -> str:
-        from autoremat.solver._budget import format_bytes
+        from autoremat._units import format_bytes
 
         c = self.compiled
         lines = [f"compiled peak   {format_bytes(c.peak_bytes)}  (arguments {format_bytes(c.argument_bytes)}, "

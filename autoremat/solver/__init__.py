@@ -5,8 +5,8 @@ SolveResult`, so baselines and solvers compare in one loop.
 """
 
 from autoremat.solver._brute import solve_brute_force
-from autoremat.solver._budget import format_bytes
-from autoremat.solver._budget import parse_budget
+from autoremat._units import format_bytes
+from autoremat._units import parse_budget
 from autoremat.solver._chain import ChainProblem
 from autoremat.solver._chain import Option
 from autoremat.solver._chain import Segment
@@ -17,9 +17,9 @@ from autoremat.solver._chain import uniform_segments
 from autoremat.solver._cpsat import solve_cpsat
 from autoremat.solver._dp import solve_dp
 from autoremat.solver._greedy import solve_greedy
-from autoremat.solver._model import ChainModel
-from autoremat.solver._model import build_chain_model
-from autoremat.solver._model import find_blocks
+from autoremat.solver._chain_model import ChainModel
+from autoremat.solver._chain_model import build_chain_model
+from autoremat.solver._blocks import find_blocks
 from autoremat.solver._region import RegionProblem
 from autoremat.solver._region import RegionSolution
 from autoremat.solver._region import solve_region_cpsat

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autoremat._errors import BudgetError
-from autoremat.solver._budget import format_bytes
+from autoremat._units import format_bytes
 
 __all__ = [
     "Option",

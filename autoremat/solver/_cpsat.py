@@ -59,7 +59,7 @@ from autoremat.solver._chain import (
     relative_gap,
     unknown_result,
 )
-from autoremat.solver._budget import format_bytes
+from autoremat._units import format_bytes
 
 __all__ = ["solve_cpsat"]
 

@@ -1,7 +1,7 @@
-"""Memory budgets: parse what users write into bytes, and print bytes for reports.
+"""Units below the three stages: parse the memory budgets users write, print bytes for reports.
 
 A budget is the peak device memory of the compiled ``jax.value_and_grad(fn)``
-(see ``DESIGN.md`` section 1). Accepted forms:
+(see ``docs/FACTS.md`` section 1). Accepted forms:
 
 - a string with a unit: decimal ``"8GB"`` (KB=10**3, MB=10**6, GB=10**9,
   TB=10**12), binary ``"7.5GiB"``, ``"512MiB"``, ``"64KiB"``, or ``"1024B"``;

@@ -1,0 +1,167 @@
+"""The bridge from the solver's answer to the runtime's plan (the product layer: it may import
+every stage; the stages never import it).
+
+* `to_plan(model, segments)`: chosen chain segments -> a `Plan` of regions, scan plans and
+  per-value decisions for the traced function.
+* `plan_segments(model, plan)`: the inverse, for reports on a saved plan.
+* `baseline_segments(model, option)`: a JAX policy applied per block, in the chain's terms.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from autoremat._errors import AutorematError
+from autoremat.graph._trace import describe_eqn
+from autoremat.runtime._plan import Plan, Region, ScanPlan, ValueRecord
+from autoremat.solver import _blocks
+from autoremat.solver._chain import Segment, SolveResult
+from autoremat.solver._chain_model import ChainModel
+
+__all__ = ["to_plan", "plan_segments", "baseline_segments"]
+
+
+def to_plan(model: ChainModel, segments: Sequence[Segment], *, budget: int | None = None,
+            result: SolveResult | None = None, meta: dict | None = None) -> Plan:
+    """Turns chosen segments into a `Plan` for the traced function."""
+    g = model.graph
+    t = g.traced
+    regions, scans, decisions = [], [], {}
+    for seg in segments:
+        payload = seg.option.payload or {}
+        kind = payload.get("kind", "none")
+        blocks = model.blocks[seg.start:seg.stop]
+        if kind == "none":
+            for b in blocks:
+                for vid in model.data[b.index].residuals:
+                    decisions.setdefault(vid, "save")
+            continue
+        saved, off = frozenset(payload.get("saved", ())), frozenset(payload.get("offloaded", ()))
+        if kind == "scan":
+            scans.append(ScanPlan(payload["op"], saved, off))
+            body = g.ops[payload["op"]].bodies[0]
+            for vid in body.residual_values():
+                if body.values[vid].producer is not None:
+                    decisions[vid] = "offload" if vid in off else ("save" if vid in saved else "recompute")
+            continue
+        start, stop = blocks[0].start, blocks[-1].stop
+        label = f"blocks {seg.start}-{seg.stop - 1}: {seg.option.name}"
+        regions.append(Region(start, stop, saved, off, label=label))
+        for b in blocks:
+            for vid in model.data[b.index].residuals | model.data[b.index].produced & (saved | off):
+                if g.values[vid].producer in b.ops:
+                    decisions[vid] = "offload" if vid in off else ("save" if vid in saved else "recompute")
+    values = {}
+    for vid, dec in decisions.items():
+        info = _blocks._value(g, vid)
+        if info is None:
+            continue
+        op = _blocks._op(g, info.producer)
+        values[vid] = ValueRecord(vid, dec, info.type_str, info.nbytes, op.primitive if op else "input",
+                                  info.source, info.name, float(op.cost.flops) if op else 0.0,
+                                  op.multiplicity if op else 1)
+    m = dict(meta or {})
+    if result is not None:
+        m.update(solver=result.solver, status=result.status, gap=result.gap, solve_time=result.solve_time)
+    m.setdefault("profile", g.profile.name)
+    return Plan(
+        fingerprint=t.fingerprint, n_eqns=len(t.jaxpr.eqns), regions=tuple(regions), scans=tuple(scans),
+        values=values, argnums=t.argnums, static_argnums=t.static_argnums, has_aux=t.has_aux,
+        predicted_peak=result.peak_bytes if result is not None else None, budget=budget,
+        estimated_extra_time=result.objective if result is not None else None, meta=m,
+        structure=tuple(describe_eqn(e) for e in t.jaxpr.eqns))
+
+
+def plan_segments(model, plan):
+    """The chain segments of a plan of `model`: its regions matched by range and saved set.
+
+    Blocks outside every region are grouped into the longest allowed `none` regions (the plan
+    does not record the solver's grouping, so the predicted peak may differ slightly).
+    """
+    from autoremat._plots import chain_problem
+    from autoremat.solver._chain import Segment
+
+    problem = chain_problem(model)
+    start_of = {b.start: b.index for b in model.blocks}
+    stop_of = {b.stop: b.index + 1 for b in model.blocks}
+    scan_block = {b.ops[0]: b.index for b in model.blocks if b.kind == "scan"}
+    chosen: dict[int, Segment] = {}
+
+    def pick(i, j, saved, off, name=None):
+        opts = problem.options.get((i, j), ())
+        same = [o for o in opts if isinstance(o.payload, dict) and o.payload.get("kind") != "none"
+                and frozenset(o.payload.get("saved", ())) == saved
+                and frozenset(o.payload.get("offloaded", ())) == off]
+        named = [o for o in same if o.name == name]
+        if not (named or same):
+            raise AutorematError(f"the plan's region over blocks [{i}, {j}) matches none of the model's options")
+        return Segment(i, j, (named or same)[0])
+
+    for r in plan.regions:
+        i, j = start_of.get(r.start), stop_of.get(r.stop)
+        if i is None or j is None:
+            raise AutorematError(f"the plan's region [{r.start}, {r.stop}) does not fall on block boundaries")
+        name = r.label.split(": ", 1)[1] if ": " in r.label else None
+        chosen[i] = pick(i, j, r.saved, r.offloaded, name)
+    for s in plan.scans:
+        i = scan_block.get(s.op)
+        if i is None:
+            raise AutorematError(f"the plan's scan {s.op} is not a block of the model")
+        chosen[i] = pick(i, i + 1, s.saved, s.offloaded)
+    segs, i = [], 0
+    while i < problem.n_blocks:
+        if i in chosen:
+            segs.append(chosen[i])
+            i = chosen[i].stop
+            continue
+        # Blocks outside every region: the plan does not record how the solver grouped them
+        # into "none" regions; take the longest allowed "none" regions up to the next region.
+        stop = min([k for k in chosen if k > i], default=problem.n_blocks)
+        for j in range(stop, i, -1):
+            none = [o for o in problem.options.get((i, j), ()) if o.name == "none"]
+            if none:
+                segs.append(Segment(i, j, none[0]))
+                i = j
+                break
+        else:
+            raise AutorematError(f"block {i} has no 'none' option to leave it un-rematerialized")
+    return tuple(segs)
+
+
+def baseline_segments(model, option: str | None):
+    """Per-block segments of a built-in policy: `None` = no remat, else an option kind per block.
+
+    `option` is a block option kind (`"recompute"` = `nothing_saveable`, `"save:dots"` =
+    `dots_saveable`), named `ckpt:<kind>` on ordinary blocks and `scan:<kind>` on scan blocks.
+    Segments refer to `chain_problem(model)` (all options, before dominance pruning).  On a
+    model without those, a block whose option was pruned uses the option with the same saved
+    set, else the one with the least memory.  Returns `(segments, substituted blocks)`.
+    """
+    from autoremat._plots import chain_problem
+    from autoremat.solver._chain import Segment
+
+    if hasattr(model, "uniform"):
+        segs = model.uniform("none" if option is None else "ckpt:" + option, 1)
+        if segs is not None:
+            return segs, 0
+    problem = chain_problem(model)
+    segs, substituted = [], 0
+    for b in model.blocks:
+        i = b.index
+        opts = problem.options[(i, i + 1)]
+        if option is None:
+            want = "none"
+        else:
+            want = ("scan:" if b.kind == "scan" else "ckpt:") + option
+        match = [o for o in opts if o.name == want]
+        if not match and option is not None and b.kind != "scan":
+            wanted_set = dict(model.data[i].options).get(option) if model.data else None
+            match = [o for o in opts if isinstance(o.payload, dict) and o.payload.get("kind") == "region"
+                     and not o.payload.get("offloaded")
+                     and frozenset(o.payload.get("saved", ())) == wanted_set]
+        if not match:
+            if any(o.name != "none" for o in opts):
+                substituted += 1
+            match = [min(opts, key=lambda o: (max(o.stored_bytes, o.backward_bytes), o.extra_time))]
+        segs.append(Segment(i, i + 1, match[0]))
+    return tuple(segs), substituted

@@ -1,0 +1,262 @@
+"""The chain model: from a dataflow graph to the chain problem every solver works on.
+
+The model (docs/FINDINGS.md; the parts live in `_blocks`, `_peak_model`, `_recompute`,
+`_region_options` and `_scan_options`; `autoremat._bridge.to_plan` turns a solution into a `Plan`):
+
+* **Blocks.**  The top-level equations are cut into a chain of blocks at the positions where
+  the bytes of intermediate values crossing the cut are a local minimum (the residual stream
+  between layers).  Each top-level `scan` is a block of its own.
+* **Regions.**  A region covers blocks `[i, j)` and is either left alone (JAX saves what its
+  linearization needs) or becomes one `jax.checkpoint` whose inputs are saved by
+  construction and whose interior keeps only a saved set `S` (device) or an offloaded set.
+* **Peak.**  Backward runs regions in reverse; while region `k` runs backward, live memory
+  is: arguments + gradients + outputs (`base`), what earlier regions stored, region `k`'s
+  full residuals (recomputed), and the cotangent at its output boundary.  This is
+  `ChainProblem`'s stage-by-stage peak (`_chain.evaluate`).
+* **Time.**  Extra time over the un-optimized step: roofline time of the recomputed
+  equations (their recompute closure given `S`), plus offload transfers over the host link
+  not hidden behind the region's compute (half of its forward + backward time is assumed
+  available for overlap; transfers beyond that are exposed).
+
+Per block, candidate saved sets come from the exact region solver (`_region`) at several
+memory caps; repeated layers share one solve through a structural signature.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+from autoremat.graph._graph import Graph
+from autoremat.solver._chain import ChainProblem, Option, Segment
+from autoremat.solver._blocks import Block, crossing_bytes, find_blocks
+from autoremat.solver._peak_model import _BackwardProfile
+from autoremat.solver._recompute import OFFLOAD_OVERLAP
+from autoremat.solver._region_options import DEFAULT_CAPS, _block_data, _BlockData, _region_recompute
+from autoremat.solver._scan_options import _scan_options
+
+__all__ = ["ChainModel", "build_chain_model"]
+
+
+@dataclass
+class ChainModel:
+    """The chain problem built from a graph, and the way back to a `Plan`."""
+
+    graph: Graph
+    blocks: tuple[Block, ...]
+    problem: ChainProblem
+    cross: list[int]
+    base_bytes: int
+    data: list[_BlockData] = field(repr=False, default_factory=list)
+    none_scale: float = 1.0
+    raw_options: dict = field(repr=False, default_factory=dict)
+
+    @property
+    def raw_problem(self) -> ChainProblem:
+        """The chain problem with every option kept (dominated ones included), for baselines."""
+        return ChainProblem(self.problem.n_blocks, self.problem.base_bytes, self.raw_options,
+                            self.problem.block_names)
+
+    def option_kinds(self) -> list[str]:
+        """Names of the per-region option kinds (`none`, `ckpt:recompute`, `ckpt:save:dots`, ...)."""
+        names = []
+        for opts in self.raw_options.values():
+            for o in opts:
+                if o.name not in names:
+                    names.append(o.name)
+        return names
+
+    def period(self) -> tuple[int, int] | None:
+        """`(offset, p)`: from block `offset` on, block structures repeat every `p` blocks
+        (the layers of an unrolled stack), for at least two full periods; None if they do
+        not, or if `p` is 1 (blocks are layers already)."""
+        sigs = [b.signature for b in self.blocks]
+        n = len(sigs)
+        for p in range(2, n // 2 + 1):
+            for s in range(0, n - 2 * p + 1):
+                run = 0
+                while s + run + p < n and sigs[s + run] == sigs[s + run + p]:
+                    run += 1
+                if run >= p:
+                    if any(sigs[s + k] == sigs[s] for k in range(1, p)):
+                        return None
+                    # Cut where the least crosses (the residual stream between layers).
+                    phase = min(range(p), key=lambda k: (self.cross[self.blocks[s + k].start], k))
+                    return s + phase, p
+        return None
+
+    def uniform(self, kind: str, size: int = 1, *, scans_only: bool = False,
+                offset: int = 0) -> tuple[Segment, ...] | None:
+        """Every `size` consecutive blocks one region with option `kind`; scan blocks get
+        the scan option of the same kind (`ckpt:save:dots` -> `scan:save:dots`).  With
+        `scans_only`, only scan blocks get it and the others are left alone.
+
+        This is how built-in policies applied per block are expressed in the same model
+        (`ckpt:recompute` ~ nothing_saveable, `ckpt:save:dots` ~ dots_saveable,
+        `ckpt:save:dots_no_batch` ~ dots_with_no_batch_dims_saveable, `none` ~ no remat;
+        `scans_only` ~ a policy on the body of a scan over layers).  With `offset`, the
+        first region ends at block `offset` (with `period()`: one region per layer, a
+        policy applied per layer).  Returns None if some region lacks that option.
+        """
+        segs, i, nb = [], 0, self.problem.n_blocks
+        scan_kind = kind.replace("ckpt:", "scan:", 1) if kind.startswith("ckpt:") else kind
+        while i < nb:
+            if self.blocks[i].kind == "scan":
+                j, want = i + 1, scan_kind
+            elif scans_only:
+                j, want = i + 1, "none"
+            elif not self.blocks[i].heavy:
+                j, want = i + 1, "none"  # a light block (the loss) is left alone
+            else:
+                j = i + 1
+                end = offset if i < offset else i + size
+                while j < min(nb, end) and self.blocks[j].kind != "scan" and self.blocks[j].heavy:
+                    j += 1
+                want = kind
+            opt = next((o for o in self.raw_options.get((i, j), ()) if o.name == want), None)
+            if opt is None:
+                return None
+            segs.append(Segment(i, j, opt))
+            i = j
+        return tuple(segs)
+
+
+def build_chain_model(g: Graph, *, offload: bool = True, max_region_blocks: int | None = None,
+                      caps: Sequence[float] = DEFAULT_CAPS, region_method: str = "cpsat",
+                      region_time_limit: float | None = 2.0, max_blocks: int = 160,
+                      none_scale: float = 1.0, merge: str = "next",
+                      block_cache: dict | None = None) -> ChainModel:
+    """Builds the chain problem of a graph (see the module docstring).
+
+    Args:
+      block_cache: per-block candidate saved sets by structural signature; pass the same
+        dict to several builds of one graph (recalibration, the other block variant) so the
+        region solves are not repeated.
+      none_scale: calibration of what un-checkpointed regions keep.  JAX's linearization
+        lists every residual, but XLA fuses cheap elementwise residuals into the backward
+        pass and never stores them; `optimize` measures the compiled un-optimized peak and
+        scales the stored bytes of un-checkpointed regions by the ratio it finds.
+    """
+    blocks = find_blocks(g, max_blocks=max_blocks, merge=merge)
+    cross = crossing_bytes(g)
+    base = sum(g.values[v].nbytes for v in g.inputs)
+    base += sum(g.values[v].nbytes for v in g.inputs if g.values[v].differentiable)
+    base += sum(g.values[v].nbytes for v in g.outputs)
+    cache: dict = {} if block_cache is None else block_cache
+    data = [_block_data(g, b, caps, region_method, region_time_limit, cache) for b in blocks]
+    nb = len(blocks)
+    if max_region_blocks is None:
+        max_region_blocks = max(1, min(nb, max(8, int(2 * math.sqrt(nb)) + 2)))
+    host_bw = g.profile.host_bandwidth
+    options: dict[tuple[int, int], tuple[Option, ...]] = {}
+    closure_cache: dict = {}
+    raw_options: dict[tuple[int, int], tuple[Option, ...]] = {}
+    nbytes = lambda vs: sum(g.values[v].nbytes for v in vs)  # noqa: E731
+    profile = _BackwardProfile(g)
+
+    for i in range(nb):
+        if blocks[i].kind == "scan":
+            raw_options[(i, i + 1)] = _scan_options(
+                g, blocks[i], data[i], cross, caps, region_method, region_time_limit, offload, host_bw, none_scale)
+            options[(i, i + 1)] = _dedupe(list(raw_options[(i, i + 1)]))
+            continue
+        res_union: set[str] = set()
+        ext = 0
+        inputs: set[str] = set()
+        produced: set[str] = set()
+        fwd_time = 0.0
+        for j in range(i + 1, min(nb, i + max_region_blocks) + 1):
+            k = j - 1
+            if blocks[k].kind == "scan":
+                break
+            d = data[k]
+            res_union |= d.residuals
+            ext += d.extra_bytes
+            inputs |= {v for v in d.ext_inputs if v not in produced}
+            produced |= d.produced
+            fwd_time += d.time
+            a, b = blocks[i].start, blocks[k].stop
+            opts = []
+            stored_none = int(none_scale * (nbytes(res_union) + ext))
+            # Left alone, the region's residuals were stored in the forward pass; its backward
+            # frees them equation by equation.
+            bwd_none = profile.peak(a, b, res_union & produced, scale=none_scale)
+            bwd_none += int(none_scale * nbytes(res_union - produced))
+            opts.append(Option("none", stored_none, max(stored_none, bwd_none), 0.0, 0.0, 0,
+                               {"kind": "none"}))
+            in_b = nbytes(inputs)
+            names = [name for name, _ in data[i].options]
+            for oi, name in enumerate(names):
+                saved: set[str] = set()
+                for kk in range(i, j):
+                    opts_k = data[kk].options
+                    saved |= opts_k[min(oi, len(opts_k) - 1)][1] if opts_k else set()
+                saved -= inputs
+                rtime, rflops = _region_recompute(g, blocks, data, i, j, oi, closure_cache)
+                s_b = nbytes(saved)
+                # Checkpointed: inputs and saved values stay; the rest is recomputed up front
+                # and freed as the backward goes.  (The scan bodies' rule, chains re-run kept
+                # whole, is not used here: it lowered the unrolled transformer's predictions
+                # further below XLA's, -3% -> -10% with nothing saved per block, and the
+                # U-Net's solver plans then missed its 9.1 MiB floor; docs/FINDINGS.md.)
+                live_bwd = nbytes(inputs | saved) + profile.peak(a, b, (res_union & produced) - saved)
+                opts.append(Option(f"ckpt:{name}", in_b + s_b, live_bwd, rtime, rflops, 0,
+                                   {"kind": "region", "saved": frozenset(saved)}))
+                if offload and s_b > 0:
+                    exposed = max(0.0, 2 * s_b / host_bw - OFFLOAD_OVERLAP * 3 * fwd_time)
+                    opts.append(Option(f"ckpt:{name}+offload", in_b, live_bwd, rtime + exposed, rflops, s_b,
+                                       {"kind": "region", "saved": frozenset(), "offloaded": frozenset(saved)}))
+            raw_options[(i, j)] = tuple(opts)
+            options[(i, j)] = _dedupe(opts)
+    # Gradient buffers.  XLA's buffer assignment lets activations use the memory of a
+    # gradient output until that gradient is written, which happens in the backward pass of
+    # the parameter's first use (measured: the MLP with nothing saved per layer compiles to
+    # its arguments + gradients + 1.0 MiB although 3.5 MiB of layer inputs are stored).  So a
+    # gradient counts only from the backward of the region holding its first use: while
+    # region [i, j) runs backward, the gradients of parameters first used in block >= i.
+    grads = _gradient_bytes_from(g, blocks)
+    base -= grads[0]
+
+    def with_grads(table):
+        return {k: tuple(dataclasses.replace(o, backward_bytes=o.backward_bytes + grads[k[0]]) for o in v)
+                for k, v in table.items()}
+
+    options, raw_options = with_grads(options), with_grads(raw_options)
+    problem = ChainProblem(nb, int(base), options, tuple(f"{b.start}-{b.stop}" for b in blocks))
+    return ChainModel(g, blocks, problem, cross, int(base), data, none_scale, raw_options)
+
+
+def _gradient_bytes_from(g: Graph, blocks: Sequence[Block]) -> list[int]:
+    """Per block i: bytes of the gradients of differentiated inputs first used in a block >= i
+    (inputs never used count everywhere: their zero gradient may be written at any time)."""
+    block_of = {}
+    for b in blocks:
+        for oid in b.ops:
+            block_of[oid] = b.index
+    first = {}
+    for op in g.ops.values():
+        for v in op.inputs:
+            if v not in first and g.values[v].producer is None:
+                first[v] = block_of.get(op.id, 0)
+    out = [0] * (len(blocks) + 1)
+    for v in g.inputs:
+        info = g.values[v]
+        if info.differentiable:
+            k = first.get(v, len(blocks))
+            for i in range(0, min(k, len(blocks) - 1) + 1):
+                out[i] += info.nbytes
+    return out
+
+
+def _dedupe(opts: list[Option]) -> tuple[Option, ...]:
+    """Drops options dominated in (stored, backward, time) by another option."""
+    keep = []
+    for o in sorted(opts, key=lambda o: (o.extra_time, o.stored_bytes, o.backward_bytes)):
+        if any(k.stored_bytes <= o.stored_bytes and k.backward_bytes <= o.backward_bytes
+               and k.extra_time <= o.extra_time and k.offloaded_bytes <= o.offloaded_bytes for k in keep):
+            continue
+        keep.append(o)
+    return tuple(keep)

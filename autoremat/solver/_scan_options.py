@@ -1,0 +1,113 @@
+"""The options of a scan over layers: what the body saves (JAX's policies, the user's
+`checkpoint_name` tags and pairs of them, the region solver's sets), with the residuals stacked
+over the trip count.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+
+from autoremat.solver._chain import Option
+from autoremat.solver._peak_model import stored_residuals
+from autoremat.solver._recompute import OFFLOAD_OVERLAP, _closure, recompute_times
+from autoremat.solver._region_options import _solve_block_options
+
+
+# ... and for a scan body (one solve serves every iteration).
+SCAN_CAPS = tuple(round(0.05 * k, 2) for k in range(21))
+
+
+# Backward workspace of a scan body, in units of its largest internal value (see _scan_options).
+WORKSPACE_FACTOR = 2
+
+
+# Scan bodies with at most this many `checkpoint_name` tags also get every pair of tags as a
+# candidate saved set (8 tags: 28 pairs, each one closure over the body).
+MAX_TAG_PAIRS = 8
+
+
+def _with_name_aliases(ops, values: frozenset) -> frozenset:
+    """`values` plus their `checkpoint_name` aliases, both ways.
+
+    A `name` equation's output and input are one buffer: saving `checkpoint_name(x @ w, "out")`
+    keeps the matmul output too, so recomputing what reads it does not re-run the matmul.
+    """
+    out = set(values)
+    for o in ops:
+        if o.primitive == "name" and o.inputs and o.outputs:
+            if o.inputs[0] in values:
+                out.add(o.outputs[0])
+            elif o.outputs[0] in values:
+                out.add(o.inputs[0])
+    return frozenset(out)
+
+
+def _scan_options(g, b, d, cross, caps, method, time_limit, offload, host_bw, none_scale=1.0):
+    op = g.ops[b.ops[0]]
+    body = op.bodies[0]
+    length = int(op.params.get("length", 1))
+    ncar = int(op.params.get("num_carry", 0))
+    nconst = int(op.params.get("num_consts", 0))
+    body_largest = max((v.nbytes for v in op.bodies[0].values.values() if v.producer is not None), default=0)
+    cot = cross[b.stop] + WORKSPACE_FACTOR * body_largest
+    opts = []
+    # No remat: JAX's own residuals of the whole scan (stacked over iterations).
+    none_b = int(none_scale * (sum(g.values[v].nbytes for v in d.residuals) + d.extra_bytes))
+    opts.append(Option("none", none_b, none_b + cot, 0.0, 0.0, 0, {"kind": "none"}))
+    body_ops = list(body.ops.values())
+    produced = frozenset(v for o in body_ops for v in o.outputs)
+    # What one iteration's backward keeps, fusion-aware as for top-level blocks.
+    residuals, body_extra = stored_residuals(body, body_ops)
+    carry_ids = body.inputs[nconst:nconst + ncar]
+    xs_ids = body.inputs[nconst + ncar:]
+    # Per iteration, a checkpointed body keeps its carry and the slices it reads.
+    # (The scanned-over slices are forwarded from the stacked inputs by JAX, not copied.)
+    del xs_ids
+    per_iter_in = sum(body.values[v].nbytes for v in carry_ids)
+    # While one iteration's backward runs, its recomputed residuals are live.  Inside a
+    # loop body XLA keeps more than the fusion-aware set (measured on the scan transformer,
+    # nothing saved: fusion-aware 43.6 MiB predicted vs 50.8 compiled; JAX's full list
+    # 54.1): chains re-run are kept whole (`stored_residuals` with a saved set).
+    # The body is solved once for all iterations, and its saved set is the only knob of
+    # the whole scan: ask the region solver at a finer grid of caps than for blocks.
+    scan_caps = sorted(set(caps) | set(SCAN_CAPS))
+    cands = _solve_block_options(body, body_ops, produced, residuals, scan_caps, method, time_limit)
+    # The user's own vocabulary: each checkpoint_name saved alone, and with the matmul
+    # outputs without batch dimensions (MaxText's save_out_proj, minimal_with_context, ...).
+    tags: dict[str, frozenset] = {}
+    for o in body_ops:
+        if o.primitive == "name" and isinstance(o.params.get("name"), str):
+            tags[o.params["name"]] = tags.get(o.params["name"], frozenset()) | frozenset(o.outputs)
+    no_batch = dict(cands).get("save:dots_no_batch", frozenset())
+    covered = _with_name_aliases(body_ops, no_batch)  # tags of those matmul outputs add nothing
+    # Two tags saved together (MaxText's presets are such sets), up to MAX_TAG_PAIRS tags.
+    pairs = (itertools.combinations(sorted(tags), 2) if len(tags) <= MAX_TAG_PAIRS else ())
+    cands = tuple(cands) + tuple((f"save:name:{n}", vs) for n, vs in sorted(tags.items())) + tuple(
+        (f"save:name:{a}+{b}", tags[a] | tags[b]) for a, b in pairs) + tuple(
+        (f"save:dots_no_batch+{n}", no_batch | vs) for n, vs in sorted(tags.items()) if not vs <= covered)
+    body_time = sum(o.time for o in body_ops)
+    body_rt = recompute_times(body)
+    for name, saved in cands:
+        # A saved value also stands for its `checkpoint_name` alias (same buffer:
+        # MaxText-style tags), in what is recomputed and in what is live.
+        kept = _with_name_aliases(body_ops, saved)
+        R, _ = _closure(body, [o.id for o in body_ops], kept, frozenset(), residuals)
+        rt = length * sum(body_rt[o] for o in R)
+        rf = length * sum(body.ops[o].cost.flops for o in R)
+        s_b = sum(body.values[v].nbytes for v in saved)
+        stored = length * (per_iter_in + s_b)
+        # The iteration's saved values are part of `stored` already; the rest of what its
+        # backward reads is re-run and live (chains re-run are kept whole).
+        rerun, rerun_extra = stored_residuals(body, body_ops, kept)
+        iteration = sum(body.values[v].nbytes for v in rerun - kept) + rerun_extra + cot
+        live = stored + iteration
+        opts.append(Option(f"scan:{name}", stored, live, rt, rf, 0,
+                           {"kind": "scan", "op": op.id, "saved": saved}))
+        if offload and s_b:
+            exposed = max(0.0, 2 * length * s_b / host_bw - OFFLOAD_OVERLAP * 3 * length * body_time)
+            opts.append(Option(f"scan:{name}+offload", length * per_iter_in, length * per_iter_in + s_b + iteration,
+                               rt + exposed, rf,
+                               length * s_b, {"kind": "scan", "op": op.id, "saved": frozenset(),
+                                              "offloaded": saved}))
+    return tuple(opts)
