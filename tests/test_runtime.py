@@ -444,3 +444,31 @@ def test_scan_plan_under_remat3(remat3, kind):
     else:
         got = run_plan("transformer_scan", kind)[0]  # compiled with the flag off above
     assert_trees_close(got, expected)
+
+
+def test_measure_layer_reads_what_one_layer_stores_from_xla():
+    """Two identical residual layers: with nothing saved a layer stores its input (the residual
+    stream) and nothing else; left alone it stores more (its tanh output); the one-layer peak
+    (b) covers the layer's own recomputation (autoremat.runtime._measure)."""
+    import jax.numpy as jnp
+
+    from autoremat.runtime._measure import measure_layer
+
+    def loss(ws, x):
+        for w1, w2 in ws:
+            x = x + jnp.tanh(x @ w1) @ w2
+        return jnp.mean(x**2)
+
+    ws = [(jnp.ones((64, 256)) * 0.01, jnp.ones((256, 64)) * 0.01)] * 3
+    t = trace(loss, (ws, jnp.ones((512, 64))))
+    per_layer = 4  # dot, tanh, dot, add
+    a, b, c = per_layer, 2 * per_layer, 3 * per_layer  # layers 2 and 3: layer 1's input is an argument
+    none = make_plan(t)
+    nothing1 = make_plan(t, regions=[Region(a, b)])
+    nothing2 = make_plan(t, regions=[Region(a, b), Region(b, c)])
+    kept = measure_layer(t, none, none, a, b, c)
+    recomputed = measure_layer(t, nothing1, nothing2, a, b, c)
+    # The layer's input (f32), up to XLA's few bytes of scalars and alignment.
+    assert 0 <= recomputed.stored_bytes - 512 * 64 * 4 < 1024
+    assert kept.stored_bytes >= 512 * 64 * 4 + 512 * 256 * 4  # its input and its tanh output
+    assert recomputed.backward_bytes >= 512 * 256 * 4

@@ -31,7 +31,7 @@ from autoremat.runtime._plan import Plan, Region, ScanPlan, checkpoint_names
 # 50.8 MiB without (= hand-written nothing_saveable with prevent_cse=False).
 PREVENT_CSE_IN_SCAN = False
 
-__all__ = ["apply", "run_plan", "check_plan_matches", "region_policy"]
+__all__ = ["apply", "run_plan", "check_plan_matches", "region_policy", "segment_function"]
 
 
 def region_policy(saved_names: Sequence[str], offloaded_names: Sequence[str]):
@@ -183,6 +183,28 @@ def _run_scan(eqn, invals, sp: ScanPlan, plan: Plan, oid: str):
     carry, ys = jax.lax.scan(step, list(init), list(xs), length=p["length"], reverse=p["reverse"],
                              unroll=p["unroll"], **kw)
     return list(carry) + list(ys)
+
+
+def segment_function(traced: Traced, plan: Plan, start: int, stop: int):
+    """Equations `[start, stop)` of the traced function as a function of their live-in values,
+    run under `plan`'s regions and scan plans inside that range.
+
+    Returns `(fn, in_vars, out_vars)`: `fn(*values of in_vars) -> [values of out_vars]`; the
+    in_vars are top-level variables (function inputs, constants or earlier outputs).
+    """
+    ev = _Evaluator(traced, plan)
+    ins, outs = _live_sets(ev.jaxpr, start, stop)
+    consts = dict(zip(ev.jaxpr.constvars, ev.consts))
+    ins = [v for v in ins if v not in consts]
+    regions = [r for r in plan.regions if start <= r.start and r.stop <= stop]
+
+    def fn(*in_vals):
+        env = dict(consts)
+        env.update(zip(ins, in_vals))
+        ev._run_range(env, start, stop, regions, tags={})
+        return [env[v] for v in outs]
+
+    return fn, ins, outs
 
 
 def run_plan(traced: Traced, plan: Plan, flat_args):
