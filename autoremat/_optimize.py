@@ -192,7 +192,7 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
             plan, compiled = _with(known.plan, budget=budget_bytes), known.peak
             how = "a plan compiled earlier in this process, faster than this budget's search found"
             say(f"{how}: {format_bytes(compiled)}")
-        plan = _with(plan, meta={**plan.meta, "compiled_peak": compiled, "rounds": history, "found_by": how})
+        plan = _with(plan, meta={**plan.meta, "compiled_peak": compiled, "rounds": _rounds(history), "found_by": how})
         return _Planned(plan, traced, model, baseline_peak, history)
 
     if offload and validate:
@@ -239,10 +239,12 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
                 f"autoremat: plan for {meta['function']} predicts {format_bytes(result.peak_bytes)} for the budget "
                 f"{format_bytes(budget_bytes)} but was NOT compiled to check it (validate=False)", stacklevel=3)
             return _Planned(plan, traced, model, baseline_peak, history)
+        same = next((h["round"] for h in history if h["segments"] == result.segments), None)
         compiled = compile_peak(result.segments)
-        history.append({"round": rnd + 1, "target": target, "predicted": result.peak_bytes, "compiled": compiled})
-        say(f"round {rnd + 1}: compiled peak {format_bytes(compiled)} "
-            f"({'fits' if compiled <= limit else 'over budget'})")
+        history.append({"round": rnd + 1, "target": target, "predicted": result.peak_bytes, "compiled": compiled,
+                        "segments": result.segments})
+        say(f"round {rnd + 1}: " + (f"the plan of round {same} again" if same else "compiled peak")
+            + f" {format_bytes(compiled)} ({'fits' if compiled <= limit else 'over budget'})")
         if compiled <= limit:
             if best is None or result.objective < best[0]:
                 best = (result.objective, result.segments, result, f"solver round {rnd + 1}")
@@ -354,7 +356,8 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
             chosen.sort(key=lambda c: c.extra)
             say(f"the model and XLA disagree; trying {len(chosen)} compile-verified uniform plans (blocks merged "
                 f"{variant})")
-            for c in chosen:
+            for k, c in enumerate(chosen):
+                say(f"  compiling {k + 1}/{len(chosen)}: {c.label}")
                 peak = compile_peak(c.segs)
                 if peak <= limit:
                     say(f"{c.label}: compiled {format_bytes(peak)} fits")
@@ -365,7 +368,7 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
     known = _best_compiled(sig, limit)
     if known is not None:  # compiled for another budget of this signature, and fits this one
         plan = _with(known.plan, budget=budget_bytes, meta={
-            **known.plan.meta, "compiled_peak": known.peak, "rounds": history,
+            **known.plan.meta, "compiled_peak": known.peak, "rounds": _rounds(history),
             "found_by": "a plan compiled earlier in this process for another budget"})
         return _Planned(plan, traced, model, baseline_peak, history)
     lowest = min(tried.values())
@@ -378,6 +381,11 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
         f"lowest compiled peak it found is {format_bytes(lowest)}{margin}; raise the budget to at least "
         f"{format_bytes(need)}" + _offload_hint(offload, profile, meta),
         budget=budget_bytes, lowest=need)
+
+
+def _rounds(history: list) -> list:
+    """The solver rounds as plan metadata (without their segments)."""
+    return [{k: v for k, v in h.items() if k != "segments"} for h in history]
 
 
 def _best_compiled(sig, limit: int) -> _Compiled | None:

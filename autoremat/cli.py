@@ -32,6 +32,7 @@ import importlib.util  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 import warnings  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from typing import Any  # noqa: E402
@@ -406,7 +407,7 @@ def search(model, example, sets, budget, output, device, offload, solver, time_l
 
 
 def _search(spec, sets, budget, output, *, device=None, offload=None, solver="auto", time_limit=None,
-            validate=True, timeline=None, quiet=False, n_steps=0):
+            validate=True, timeline=None, quiet=False, n_steps=0, keep=True):
     from autoremat._optimize import plan_for
 
     say = _progress(quiet)
@@ -441,7 +442,8 @@ def _search(spec, sets, budget, output, *, device=None, offload=None, solver="au
         if report.compiled.step_time is not None:
             click.echo(f"            step time {report.compiled.step_time * 1e3:.1f} ms "
                        f"(median of {len(report.compiled.step_times)}, {report.compiled.backend})")
-    click.echo(f"plan written to {output}")
+    if keep:
+        click.echo(f"plan written to {output}")
     return planned
 
 
@@ -561,7 +563,8 @@ def frontier(model, example, sets, budgets, output, measure, device, offload, so
                                **_planning_kwargs(device, offload, solver, time_limit, validate, say))
         except InfeasibleBudgetError as e:
             click.echo(f"budget {label}: infeasible: {e}", err=True)
-            rows.append(("autoremat", label, e.budget, None, None, None, None, f"infeasible (lowest {e.lowest} B)"))
+            rows.append(("autoremat", label, e.budget, None, None, None, None,
+                         f"infeasible (lowest {format_bytes(e.lowest)})"))
             continue
         plan = planned.plan
         peak = plan.meta.get("compiled_peak")
@@ -623,8 +626,8 @@ def _markdown(rows, *, validate: bool, none_time) -> str:
 
 
 @main.command()
-@click.option("-o", "--output", default=DEMO_PLAN, show_default=True, type=click.Path(dir_okay=False),
-              help="Where to write the demo plan.")
+@click.option("-o", "--output", default=None, type=click.Path(dir_okay=False),
+              help="Keep the demo plan in this file (default: nothing is written).")
 @click.option("--budget", "-b", default=DEMO_BUDGET, show_default=True, callback=_budget_option,
               help="Budget for the demo search.")
 @click.option("--example", default="transformer_scan", show_default=True, metavar="NAME",
@@ -640,9 +643,16 @@ def demo(output, budget, example, sets, quiet):
     click.echo(f"budget {budget if isinstance(budget, str) else budget!r}"
                + (" (fraction of the un-optimized compiled peak)" if isinstance(budget, float) else ""))
     click.echo("")
-    _search(f"example:{example}", _parse_sets(sets), budget, output, quiet=quiet, n_steps=3, solver="dp")
+    with tempfile.TemporaryDirectory() as scratch:
+        path = output or os.path.join(scratch, DEMO_PLAN)
+        _search(f"example:{example}", _parse_sets(sets), budget, path, quiet=quiet, n_steps=3, solver="dp",
+                keep=bool(output))
     click.echo("")
-    click.echo(f"next: autoremat show {output}   |   autoremat export {output}")
+    if output:
+        click.echo(f"next: autoremat show {output}   |   autoremat export {output}")
+    else:
+        click.echo(f"the plan was not kept: `autoremat demo -o {DEMO_PLAN}` writes it, then "
+                   f"`autoremat show {DEMO_PLAN}` / `autoremat export {DEMO_PLAN}`")
 
 
 if __name__ == "__main__":  # pragma: no cover

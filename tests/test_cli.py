@@ -144,14 +144,18 @@ def test_demo_on_a_small_example(tmp_path, monkeypatch):
                  "batch=256", "--budget", "0.95", "-q")
     assert "autoremat demo:" in result.stdout and "validation: compiled peak" in result.stdout
     assert "step time" in result.stdout
-    assert Plan.load(tmp_path / "autoremat-demo-plan.json").budget is not None
+    assert not list(tmp_path.iterdir()), "the demo leaves no files behind unless asked"
+    kept = run("demo", "--example", "mlp_chain", "--set", "n_layers=4", "--set", "width=64", "--set",
+               "batch=256", "--budget", "0.95", "-q", "-o", "kept.json")
+    assert "autoremat show kept.json" in kept.stdout
+    assert Plan.load(tmp_path / "kept.json").budget is not None
 
 
 def test_demo_defaults_are_the_readme_demo():
     cmd = main.commands["demo"]
     defaults = {p.name: p.default for p in cmd.params}
     assert defaults["example"] == "transformer_scan" and defaults["budget"] == "0.6"
-    assert defaults["output"] == "autoremat-demo-plan.json"
+    assert defaults["output"] is None
 
 
 # -- user mistakes: one line, no traceback ------------------------------------------------------
