@@ -144,6 +144,7 @@ def _compose(meas, kinds, post_backward):
 
 
 def run_model(name, out):
+    first = len(out)
     fn, args, desc = _model(name)
     t0 = time.perf_counter()
     g = build_graph(fn, *args)
@@ -190,7 +191,7 @@ def run_model(name, out):
         pred = base + _compose(meas, kinds, post)
         c = compiled[label]
         out.append(f"| {label} | {pred / div:.3f} | {c / div:.3f} | {100 * (pred - c) / c:+.1f}% |")
-    print("\n".join(out[-(len(cases) + len(KINDS) + 8):]), flush=True)
+    print("\n".join(out[first:]), flush=True)
 
 
 def main(argv=None):

@@ -7,8 +7,8 @@ same checkpoints made the way autoremat's plans make them ("tied":
 backward pass), each with remat3 off and on, in this process's XLA_FLAGS.  Prints compiled
 peaks (argument + output + temp - alias, MiB) and, with --time, median step times.
 
-Run: `.venv/bin/python benchmarks/remat3.py` (on the CPU, autoremat's CSE flag is set first;
-benchmarks/cpu_flags.py compares flag sets).
+Run: `.venv/bin/python benchmarks/remat3.py` (on the CPU, autoremat's CSE flag is set first
+unless --keep-flags; benchmarks/cpu_flags.py runs it under several flag sets).
 """
 
 import argparse
@@ -16,15 +16,12 @@ import statistics
 import sys
 import time
 
-import autoremat
+import jax
+import jax.numpy as jnp
 
-autoremat.configure_cpu_flags()
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-
-from autoremat.examples import get_example  # noqa: E402
-from autoremat.runtime._checkpoint import checkpoint  # noqa: E402
+from autoremat import configure_cpu_flags
+from autoremat.examples import get_example
+from autoremat.runtime._checkpoint import checkpoint
 
 NOTHING = jax.checkpoint_policies.nothing_saveable
 
@@ -78,7 +75,10 @@ def _measure(fn, args, n_steps):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--time", type=int, default=0, metavar="N", help="also time N steps (median)")
+    ap.add_argument("--keep-flags", action="store_true", help="run under XLA_FLAGS as they are")
     opts = ap.parse_args(argv)
+    if not opts.keep_flags:
+        configure_cpu_flags()  # before the first compile starts JAX's backend
     ws = [(jnp.ones((256, 1024)) * 0.01, jnp.ones((1024, 256)) * 0.01) for _ in range(6)]
     x = jnp.ones((2048, 256))
     ex = get_example("transformer")

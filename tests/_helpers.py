@@ -1,4 +1,6 @@
-"""Assertions shared by several test modules."""
+"""Assertions and settings shared by several test modules."""
+
+import contextlib
 
 import jax
 import numpy as np
@@ -13,3 +15,14 @@ def assert_trees_close(actual, expected, rtol=1e-6):
         assert a.shape == e.shape, f"{path}: shape {a.shape} != {e.shape}"
         err, scale = np.linalg.norm(a - e), np.linalg.norm(e)
         assert err <= rtol * scale + 1e-30, f"{path}: relative error {err / scale:.3g} > {rtol:g}"
+
+
+@contextlib.contextmanager
+def remat3_flag(value: bool):
+    """`jax_remat3` set to `value` inside the block."""
+    old = jax.config.jax_remat3
+    jax.config.update("jax_remat3", value)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_remat3", old)

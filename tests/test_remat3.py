@@ -5,8 +5,6 @@ benchmarks/results/cpu_flags.md has the measurement: with remat3 on, XLA:CPU run
 (`autoremat.runtime._checkpoint.checkpoint`) tie it to the backward pass.
 """
 
-import contextlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,18 +13,9 @@ import pytest
 import autoremat
 from autoremat.runtime._checkpoint import checkpoint, remat3_enabled
 from autoremat.runtime._validate import compiled_stats
+from _helpers import remat3_flag
 
 NOTHING = jax.checkpoint_policies.nothing_saveable
-
-
-@contextlib.contextmanager
-def remat3(value: bool):
-    old = jax.config.jax_remat3
-    jax.config.update("jax_remat3", value)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_remat3", old)
 
 
 def _block(x, w1, w2):
@@ -64,7 +53,7 @@ def _peak(fn, args):
 def test_hand_checkpoint_lowers_the_peak_with_remat3_off():
     """The flags configure_cpu_flags sets (conftest) let JAX's own per-block remat show."""
     args = _args()
-    with remat3(False):
+    with remat3_flag(False):
         hand = _mlp(lambda f: jax.checkpoint(f, policy=NOTHING))
         assert _peak(hand, args) < 0.8 * _peak(_mlp(), args)
 
@@ -72,7 +61,7 @@ def test_hand_checkpoint_lowers_the_peak_with_remat3_off():
 @pytest.mark.parametrize("on", [False, True], ids=["remat3-off", "remat3-on"])
 def test_autoremat_regions_lower_the_peak(on):
     args = _args()
-    with remat3(on):
+    with remat3_flag(on):
         assert remat3_enabled() is on
         tied = _mlp(lambda f: checkpoint(f, policy=NOTHING, prevent_cse=True))
         none = _peak(_mlp(), args)
@@ -83,7 +72,7 @@ def test_autoremat_regions_lower_the_peak(on):
 @pytest.mark.parametrize("on", [False, True], ids=["remat3-off", "remat3-on"])
 def test_optimize_fits_and_keeps_gradients(on):
     args = _args()
-    with remat3(on):
+    with remat3_flag(on):
         opt = autoremat.optimize(_mlp(), budget=0.7)
         report = opt.validate(*args)
         assert report.fits, str(report)
@@ -95,7 +84,7 @@ def test_tied_checkpoint_with_integer_outputs_and_vmap():
     def f(x, n):
         return jnp.sin(x) * n, n + 1
 
-    with remat3(True):
+    with remat3_flag(True):
         g = checkpoint(f, policy=NOTHING, prevent_cse=True)
         grad = jax.grad(lambda x: g(x, 3)[0].sum())(jnp.ones(4))
         np.testing.assert_allclose(grad, 3 * jnp.cos(jnp.ones(4)), rtol=1e-6)

@@ -14,7 +14,6 @@ equation's inlined length gives the block's equation range.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import jax
@@ -26,7 +25,7 @@ from autoremat import examples
 from autoremat.graph._interpret import INLINE_PRIMITIVES, inner_jaxpr
 from autoremat.graph._trace import describe_eqn, trace
 from autoremat.runtime import Plan, Region, ScanPlan, apply, compiled_stats
-from _helpers import assert_trees_close
+from _helpers import assert_trees_close, remat3_flag
 
 CP = jax.checkpoint_policies
 DOTS = frozenset({"dot_general", "conv_general_dilated"})
@@ -73,16 +72,6 @@ def compile_step(f, args):
     m = compiled.memory_analysis()
     peak = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
     return compiled(*args), peak
-
-
-@contextlib.contextmanager
-def remat3_flag(value: bool):
-    old = jax.config.jax_remat3
-    jax.config.update("jax_remat3", value)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_remat3", old)
 
 
 def _n_flat(eqn) -> int:
