@@ -185,14 +185,17 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
         if result is None:
             peak, extra = evaluate(model.raw_problem, segments)
             plan = _with(plan, predicted_peak=peak, estimated_extra_time=extra)
-        compiled = compile_peak(segments)
         known = _best_compiled(sig, limit)
         if known is not None and (known.extra, known.flops) < (plan.estimated_extra_time or 0.0,
                                                                 _recompute_flops(segments)):
-            plan, compiled = _with(known.plan, budget=budget_bytes), known.peak
-            how = "a plan compiled earlier in this process, faster than this budget's search found"
-            say(f"{how}: {format_bytes(compiled)}")
-        plan = _with(plan, meta={**plan.meta, "compiled_peak": compiled, "rounds": _rounds(history), "found_by": how})
+            say(f"a plan compiled earlier in this process is faster: {format_bytes(known.peak)}")
+            return finish(known.plan, known.peak,
+                          "a plan compiled earlier in this process, faster than this budget's search found")
+        return finish(plan, compile_peak(segments), how)
+
+    def finish(plan, compiled, how):
+        plan = _with(plan, budget=budget_bytes, meta={
+            **plan.meta, "compiled_peak": compiled, "rounds": _rounds(history), "found_by": how})
         return _Planned(plan, traced, model, baseline_peak, history)
 
     if offload and validate:
@@ -367,10 +370,7 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
             return accept(low, None, f"lowest predicted peak, blocks merged {variant}")
     known = _best_compiled(sig, limit)
     if known is not None:  # compiled for another budget of this signature, and fits this one
-        plan = _with(known.plan, budget=budget_bytes, meta={
-            **known.plan.meta, "compiled_peak": known.peak, "rounds": _rounds(history),
-            "found_by": "a plan compiled earlier in this process for another budget"})
-        return _Planned(plan, traced, model, baseline_peak, history)
+        return finish(known.plan, known.peak, "a plan compiled earlier in this process for another budget")
     lowest = min(tried.values())
     need = lowest if limit == budget_bytes else -(-lowest * budget_bytes // limit)
     margin = ("" if limit == budget_bytes else

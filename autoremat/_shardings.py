@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-import numpy as np
 
 from autoremat._errors import ShardingUnknownError
+from autoremat.graph._trace import concrete_sharding
 
 __all__ = ["abstract_arguments"]
 
@@ -79,14 +79,4 @@ def _own_sharding(x, where: str):
             f"Explicit, so JAX does not say how it is sharded and per-device budgets cannot be planned; pass "
             f"in_shardings=... to autoremat.optimize (the shardings you give jax.jit), call the optimized function "
             f"once outside jit, or build the mesh with jax.make_mesh(..., axis_types=(AxisType.Explicit, ...))")
-    return jax.sharding.NamedSharding(_concrete(mesh), s.spec)
-
-
-def _concrete(mesh):
-    """A concrete mesh of this process's devices with the abstract mesh's axes."""
-    devices = jax.devices()
-    if len(devices) < mesh.size:
-        raise ShardingUnknownError(
-            f"the arguments are sharded over {mesh.size} devices but this process sees {len(devices)}")
-    grid = np.array(devices[:mesh.size]).reshape(mesh.axis_sizes)
-    return jax.sharding.Mesh(grid, mesh.axis_names, axis_types=mesh.axis_types)
+    return concrete_sharding(s)

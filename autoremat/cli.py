@@ -285,8 +285,6 @@ def _validation_lines(planned) -> list[str]:
     compiled = plan.meta.get("compiled_peak")
     base = planned.baseline_peak
     lines = []
-    if compiled is None and base is not None and plan.as_written:
-        compiled = base
     if compiled is None:
         lines.append("validation: not compiled (--no-validate); the peak above is the model's prediction")
         return lines
@@ -568,8 +566,6 @@ def frontier(model, example, sets, budgets, output, measure, device, offload, so
             continue
         plan = planned.plan
         peak = plan.meta.get("compiled_peak")
-        if peak is None and plan.as_written:
-            peak = planned.baseline_peak
         if peak is None:
             peak = plan.predicted_peak
         step = None

@@ -18,7 +18,7 @@ import jax
 import jax.extend as jex
 import numpy as np
 
-from autoremat._errors import UnsupportedFunctionError
+from autoremat._errors import ShardingUnknownError, UnsupportedFunctionError
 from autoremat.graph._interpret import eval_jaxpr
 
 __all__ = ["Traced", "trace", "structure_fingerprint", "describe_eqn"]
@@ -236,6 +236,23 @@ def leaf_sharding(x):
     if mesh is None or mesh.empty or not any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):
         return None
     return s
+
+
+def concrete_sharding(s):
+    """`s` with its abstract mesh made concrete on this process's first devices (XLA's
+    per-device memory figures do not depend on which devices); None for no sharding or a
+    mesh of one device."""
+    mesh = getattr(s, "mesh", None)
+    if mesh is None or mesh.empty or mesh.size == 1:
+        return None
+    if isinstance(mesh, jax.sharding.Mesh):
+        return s
+    devices = jax.devices()
+    if len(devices) < mesh.size:
+        raise ShardingUnknownError(
+            f"the arguments are sharded over {mesh.size} devices but this process sees {len(devices)}")
+    grid = np.array(devices[:mesh.size]).reshape(mesh.axis_sizes)
+    return jax.sharding.NamedSharding(jax.sharding.Mesh(grid, mesh.axis_names, axis_types=mesh.axis_types), s.spec)
 
 
 def check_reverse_mode(t: Traced, fn_name: str = "fn") -> None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
-from autoremat.graph._trace import Traced
+from autoremat.graph._trace import Traced, concrete_sharding
 from autoremat.runtime._apply import segment_function
 from autoremat.runtime._plan import Plan
 
@@ -78,12 +78,7 @@ def _struct(var, traced: Traced):
 
 
 def _typed_sharding(aval):
-    s = getattr(aval, "sharding", None)
-    mesh = getattr(s, "mesh", None)
-    if mesh is None or mesh.empty or mesh.size == 1:
-        return None
-    grid = np.array(jax.devices()[:mesh.size]).reshape(mesh.axis_sizes)
-    return jax.sharding.NamedSharding(jax.sharding.Mesh(grid, mesh.axis_names, axis_types=mesh.axis_types), s.spec)
+    return concrete_sharding(getattr(aval, "sharding", None))
 
 
 def segment_key(traced: Traced, plan: Plan, start: int, stop: int) -> str:
