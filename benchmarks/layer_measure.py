@@ -3,8 +3,8 @@
 For each model: find its repeated layers (`ChainModel.period`), measure each per-layer option
 (no remat, JAX's `nothing_saveable`, `dots_with_no_batch_dims_saveable`, `dots_saveable`, as
 the chain model's option kinds) by compiling one layer alone and two consecutive layers
-(`autoremat.runtime._measure.measure_layer`: `b` = the layer's backward, `s` = two layers less
-one), then compose the chain formula of `solver/_chain.py` over the layers:
+(`autoremat.runtime._measure.measure_layer`: `b` = the layer's backward, `s` = the layer and
+the next one, left alone, less that one alone), then compose the chain formula of `solver/_chain.py` over the layers:
 
     peak = base + max(sum of s, max_k (sum_{j<k} s_j + b_k))
 
@@ -158,11 +158,11 @@ def run_model(name, out):
     n = len(bounds) - 1
     eq = [m.blocks[b].start for b in bounds[:-1]] + [m.blocks[bounds[-1] - 1].stop]
     meas, t_meas = {}, time.perf_counter()
+    none_plan = to_plan(m, _plan_segments(m, bounds, ["none"] * n))
+    next_alone = measure_segment(g.traced, none_plan, eq[1], eq[2])
     for kind in KINDS:
         one = to_plan(m, _plan_segments(m, bounds, [kind] + ["none"] * (n - 1)))
-        two = to_plan(m, _plan_segments(m, bounds, [kind, kind] + ["none"] * (n - 2)))
-        meas[kind] = measure_layer(g.traced, one, two, eq[0], eq[1], eq[2])
-    none_plan = to_plan(m, _plan_segments(m, bounds, ["none"] * n))
+        meas[kind] = measure_layer(g.traced, one, eq[0], eq[1], eq[2], next_alone)
     post = measure_segment(g.traced, none_plan, eq[-1], len(g.traced.jaxpr.eqns)).backward_bytes
     t_meas = time.perf_counter() - t_meas
     unit = "GiB" if g.traced.in_avals and sum(a.size * a.dtype.itemsize for a in g.traced.in_avals) > GiB else "MiB"
@@ -181,7 +181,7 @@ def run_model(name, out):
     t_comp = time.perf_counter() - t_comp
     base = compiled["nothing_saveable"] - _compose(meas, ["ckpt:recompute"] * n, post)
     out.append(f"{n} repeated layers of {bounds[1] - bounds[0]} chain blocks; chain model built in {t_model:.1f} s; "
-               f"{2 * len(KINDS) + 1} layer compiles in {t_meas:.1f} s (the blocks after the layers: b = {post / div:.3f} {unit}); {len(cases)} whole-step compiles in {t_comp:.1f} s. "
+               f"{2 * len(KINDS) + 2} layer compiles in {t_meas:.1f} s (the blocks after the layers: b = {post / div:.3f} {unit}); {len(cases)} whole-step compiles in {t_comp:.1f} s. "
                f"`base` = 'nothing_saveable' compiled less its composition: {base / div:.3f} {unit}.\n")
     out.append(f"| per-layer option | s (stored) {unit} | b (backward) {unit} |\n|---|---:|---:|")
     for kind, lab in KINDS.items():

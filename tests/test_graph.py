@@ -428,3 +428,27 @@ def test_inspect_total_is_saved_residuals_less_the_jit_boundary_literals():
     assert literals and all(a.shape == () for a in literals)
     total = sum(int(np.prod(a.shape)) * a.dtype.itemsize for a, _ in res)
     assert report.total_bytes + sum(a.dtype.itemsize for a in literals) == total
+
+
+def test_find_layers_finds_every_repeated_layer():
+    """The unrolled transformer's 4 layers, found from the equations alone (tandem repeats of
+    position-free tokens), cut on the residual stream, all with one structural (WL) hash; a
+    scan over layers is a layer of its own; the U-Net's stages differ in shape: none repeat."""
+    from autoremat.examples import get_example
+    from autoremat.graph import build_graph
+    from autoremat.graph._layers import crossing_bytes, find_layers
+
+    ex = get_example("transformer")
+    g = build_graph(ex.fn, *ex.args)
+    layers = find_layers(g)
+    assert len(layers) == 4 and len({layer.key for layer in layers}) == 1
+    assert all(a.stop == b.start for a, b in zip(layers, layers[1:]))
+    cross = crossing_bytes(g)
+    width = layers[1].stop - layers[1].start
+    assert cross[layers[1].start] == min(cross[layers[1].start:layers[1].start + width])
+    scan = get_example("transformer_scan")
+    gs = build_graph(scan.fn, *scan.args)
+    (only,) = find_layers(gs)
+    assert list(gs.ops.values())[only.start].primitive == "scan" and only.stop == only.start + 1
+    conv = get_example("convnet")
+    assert find_layers(build_graph(conv.fn, *conv.args)) == ()

@@ -441,7 +441,7 @@ def test_measure_layer_reads_what_one_layer_stores_from_xla():
     (b) covers the layer's own recomputation (autoremat.runtime._measure)."""
     import jax.numpy as jnp
 
-    from autoremat.runtime._measure import measure_layer
+    from autoremat.runtime._measure import measure_layer, measure_segment
 
     def loss(ws, x):
         for w1, w2 in ws:
@@ -453,10 +453,10 @@ def test_measure_layer_reads_what_one_layer_stores_from_xla():
     per_layer = 4  # dot, tanh, dot, add
     a, b, c = per_layer, 2 * per_layer, 3 * per_layer  # layers 2 and 3: layer 1's input is an argument
     none = make_plan(t)
-    nothing1 = make_plan(t, regions=[Region(a, b)])
-    nothing2 = make_plan(t, regions=[Region(a, b), Region(b, c)])
-    kept = measure_layer(t, none, none, a, b, c)
-    recomputed = measure_layer(t, nothing1, nothing2, a, b, c)
+    nothing = make_plan(t, regions=[Region(a, b)])
+    next_alone = measure_segment(t, none, b, c)
+    kept = measure_layer(t, none, a, b, c, next_alone)
+    recomputed = measure_layer(t, nothing, a, b, c, next_alone)
     # The layer's input (f32), up to XLA's few bytes of scalars and alignment.
     assert 0 <= recomputed.stored_bytes - 512 * 64 * 4 < 1024
     assert kept.stored_bytes >= 512 * 64 * 4 + 512 * 256 * 4  # its input and its tanh output

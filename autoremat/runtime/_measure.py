@@ -11,10 +11,9 @@ with abstract shapes (the model's dtypes, and shardings where JAX's types carry 
 * `measure_segment` -> `backward_bytes`: the segment's compiled peak less the function inputs it
   reads and their gradients (which live through the whole step): the `b` of the chain formula
   in `solver/_chain.py`, what is live while this segment runs backward.
-* `measure_layer` -> also `stored_bytes` (the chain's `s`): the layer followed by the next,
-  identical one, less the layer alone; while the second runs backward the first one's stored
-  values are live.  JAX's own residual list over-counts what XLA stores (it fuses elementwise
-  residuals into the backward pass), so the difference is taken from XLA, not from that list.
+* `measure_layer` -> also `stored_bytes` (the chain's `s`): the layer followed by the next
+  block, less that block alone; while the next block runs backward the layer's stored values
+  are live.
 
 docs/FACTS.md fact 13 checked this composition at 1B by hand; `benchmarks/layer_measure.py`
 checks it on the benchmark models and a 1B decoder (`benchmarks/results/layer_measure.md`).
@@ -58,6 +57,7 @@ class LayerMeasurement:
 
     stored_bytes: int
     backward_bytes: int
+    input_bytes: int
     compile_time: float
 
 
@@ -126,8 +126,13 @@ def measure_segment(traced: Traced, plan: Plan, start: int, stop: int) -> Measur
         return [out[j] for j in out_float]
 
     def step(diff_vals, other, cts):
-        _, vjp = jax.vjp(lambda *d: forward(d, other), *diff_vals)
-        return vjp(list(cts))
+        out, vjp = jax.vjp(lambda *d: forward(d, other), *diff_vals)
+        # In the step the cotangent arrives after the forward pass; as an argument here it
+        # would be there from the start, and XLA could run a region's recomputation during the
+        # forward (one layer of the small transformer: 21.0 MiB under nothing_saveable, as
+        # much as left alone).  The barrier makes it wait for the segment's outputs.
+        _, cts = jax.lax.optimization_barrier((out, list(cts)))
+        return vjp(cts)
 
     cts = [jax.ShapeDtypeStruct(outs[j].aval.shape, outs[j].aval.dtype,
                                 sharding=_typed_sharding(outs[j].aval)) for j in out_float]
@@ -144,19 +149,22 @@ def measure_segment(traced: Traced, plan: Plan, start: int, stop: int) -> Measur
     return Measurement(max(0, peak - fixed), peak, compile_time, acts)
 
 
-def measure_layer(traced: Traced, one: Plan, two: Plan, start: int, mid: int, stop: int) -> LayerMeasurement:
-    """One layer's option, measured by XLA on the layer alone and on it followed by the next one.
+def measure_layer(traced: Traced, plan: Plan, start: int, mid: int, stop: int,
+                  next_alone: Measurement) -> LayerMeasurement:
+    """The layer `[start, mid)` under `plan`, measured alone and followed by the next block.
 
-    `one` realizes the option on equations `[start, mid)` (the layer), `two` on `[start, mid)`
-    and `[mid, stop)` (the layer and the next, identical one).  While the second layer runs
-    backward, the first one's stored values are live, so the two compiles differ by what one
-    layer stores beyond its input, an argument of both (docs/FACTS.md fact 13: 0.27-0.30 GiB
-    per layer at 1B, as saved_residuals).
+    `[mid, stop)` is the block after it, which `plan` leaves alone, and `next_alone` is that
+    block's own measurement under the same treatment.  While the next block runs backward the
+    layer's stored values are live, so the two differ by what the layer stores beyond its input
+    (docs/FACTS.md fact 13: 0.27-0.30 GiB per layer at 1B, as saved_residuals).  The input,
+    an argument of the layer's compile, is added: a region stores it by construction, and so
+    do un-checkpointed layers for their first matmul's weight gradient.  (With it, the 1B
+    decoder's composed peaks were within -2.8..0% of compiled: benchmarks/results/layer_measure.md.)
+    JAX's residual list over-counts what XLA stores (it fuses elementwise residuals into the
+    backward pass), so the difference comes from XLA, not from that list.
     """
-    m1 = measure_segment(traced, one, start, mid)
-    m2 = measure_segment(traced, two, start, stop)
-    # The layer's input is an argument of both compiles, so the difference misses it: it is
-    # what a region stores by construction (and what un-checkpointed layers keep for their
-    # first matmul's weight gradient).
-    stored = max(0, m2.backward_bytes - m1.backward_bytes) + m1.activation_input_bytes
-    return LayerMeasurement(stored, m1.backward_bytes, m1.compile_time + m2.compile_time)
+    m1 = measure_segment(traced, plan, start, mid)
+    m2 = measure_segment(traced, plan, start, stop)
+    stored = max(0, m2.backward_bytes - next_alone.backward_bytes) + m1.activation_input_bytes
+    return LayerMeasurement(stored, m1.backward_bytes, m1.activation_input_bytes,
+                            m1.compile_time + m2.compile_time)

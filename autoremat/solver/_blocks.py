@@ -15,11 +15,8 @@ from dataclasses import dataclass
 
 
 from autoremat.graph._graph import Graph, OpInfo
+from autoremat.graph._layers import HEAVY_PRIMITIVES, Layer, crossing_bytes
 
-
-# Equations that make a block worth being a block of its own.
-HEAVY_PRIMITIVES = frozenset({"dot_general", "conv_general_dilated", "scan", "while", "cond",
-                              "custom_vjp_call", "custom_jvp_call", "custom_vjp_call_jaxpr"})
 
 
 @dataclass(frozen=True)
@@ -33,41 +30,11 @@ class Block:
     kind: str  # "ops" | "scan"
     signature: str
     heavy: bool = True  # holds a matmul/conv/control-flow equation
+    layer: str | None = None  # the `graph.Layer.key` when the block is one whole layer
 
 
-def crossing_bytes(g: Graph) -> list[int]:
-    """Bytes of intermediate values live across each cut position 0..n (cut p: before op p)."""
-    pos, last_use = _positions_and_last_uses(g)
-    n = len(pos)
-    diff = [0] * (n + 2)
-    for vid, info in g.values.items():
-        if info.producer is None or vid not in last_use:
-            continue
-        p = pos[info.producer]
-        if last_use[vid] > p:
-            diff[p + 1] += info.nbytes
-            diff[last_use[vid] + 1] -= info.nbytes
-    out, acc = [], 0
-    for p in range(n + 1):
-        acc += diff[p]
-        out.append(acc)
-    return out
-
-
-def _positions_and_last_uses(g: Graph) -> tuple[dict[str, int], dict[str, int]]:
-    """Position of each equation, and of the last equation reading each value (the graph's
-    outputs: len(ops))."""
-    pos = {oid: i for i, oid in enumerate(g.ops)}
-    last_use: dict[str, int] = {}
-    for oid, op in g.ops.items():
-        for v in op.inputs:
-            last_use[v] = pos[oid]
-    for v in g.outputs:
-        last_use[v] = len(pos)
-    return pos, last_use
-
-
-def find_blocks(g: Graph, *, max_blocks: int = 160, merge: str = "next") -> tuple[Block, ...]:
+def find_blocks(g: Graph, *, max_blocks: int = 160, merge: str = "next",
+                layers: Sequence[Layer] = ()) -> tuple[Block, ...]:
     """Cuts the top-level equations into a chain of blocks (see the module docstring).
 
     Args:
@@ -75,6 +42,8 @@ def find_blocks(g: Graph, *, max_blocks: int = 160, merge: str = "next") -> tupl
         go: "next" ends each block at the first cut after its heavy equation (activations
         open the next block); "prev" ends it at the last cut before the next heavy equation
         (activations close their layer, as hand-written per-layer checkpoints do).
+      layers: `graph.find_layers`' layers: each becomes one block (its per-layer options are
+        measured as a whole); the equations between them are cut as above.
     """
     if merge not in ("next", "prev", "none"):
         raise ValueError(f"merge must be 'next', 'prev' or 'none', got {merge!r}")
@@ -87,6 +56,9 @@ def find_blocks(g: Graph, *, max_blocks: int = 160, merge: str = "next") -> tupl
     for i, op in enumerate(ops):
         if op.primitive == "scan":
             forced.update((i, i + 1))
+    for layer in layers:
+        forced.update((layer.start, layer.stop))
+    inside = {p for layer in layers for p in range(layer.start + 1, layer.stop)}
     cuts = set(forced)
     for p in range(1, n):
         if cross[p] <= cross[p - 1] and cross[p] <= cross[p + 1]:
@@ -102,7 +74,7 @@ def find_blocks(g: Graph, *, max_blocks: int = 160, merge: str = "next") -> tupl
     # Every local minimum is kept (a filter keeping only cuts near the smallest interior
     # crossing hurt the U-Net, whose skip tensors cross its decoder stages: lowest compiled
     # peak 10.1 MiB without it, 12.2 MiB with it); light blocks are merged below instead.
-    cuts = sorted(c for c in cuts if 0 < c < n)
+    cuts = sorted(c for c in cuts if 0 < c < n and c not in inside)
     # Thin out cuts so that there are at most max_blocks blocks: keep forced cuts, then walk
     # left to right keeping a cut once the current block has at least min_ops equations.
     min_ops = max(1, math.ceil(n / max_blocks))
@@ -132,11 +104,12 @@ def find_blocks(g: Graph, *, max_blocks: int = 160, merge: str = "next") -> tupl
         merged.pop()  # a trailing light block (loss reduction) joins the one before
     bounds = merged + [n]
     blocks = []
+    key = {(layer.start, layer.stop): layer.key for layer in layers}
     for k in range(len(bounds) - 1):
         a, b = bounds[k], bounds[k + 1]
         ids = tuple(op.id for op in ops[a:b])
         kind = "scan" if (b - a == 1 and ops[a].primitive == "scan") else "ops"
-        blocks.append(Block(k, a, b, ids, kind, _signature(g, ops[a:b]), any(heavy[a:b])))
+        blocks.append(Block(k, a, b, ids, kind, _signature(g, ops[a:b]), any(heavy[a:b]), key.get((a, b))))
     return tuple(blocks)
 
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from autoremat.graph._graph import Graph, OpInfo
-from autoremat.solver._blocks import _positions_and_last_uses
+from autoremat.graph._layers import positions_and_last_uses as _positions_and_last_uses
 from autoremat.solver._recompute import EXPENSIVE, FUSION_DEPTH, _fusible
 
 

@@ -1,0 +1,168 @@
+"""Finding the layers of any model, without its author's cooperation.
+
+A training step's top-level equations are mostly a stack of identical layers: an unrolled
+`for` loop over blocks, a library's layer stack, the stages of a conv net.  The planner measures
+each distinct layer once (`runtime/_measure.py`) and composes the measurements along the chain,
+so it needs to know where the layers are:
+
+* **Repeats.**  Each equation gets a token (primitive, types, and where its operands come from,
+  counted backwards, so the token does not depend on where the layer sits).  A layer stack is a
+  tandem repeat of the token sequence: a period `P` with `tokens[i] == tokens[i + P]` over a run
+  covering at least two periods.  The period covering the most equations wins (the smallest
+  such period, so two layers are not taken for one); the search repeats on what is left, so a
+  model with two stacks (encoder and decoder, a U-Net's stages of different widths) gets both.
+* **Where a layer starts.**  Within the period, at the cut crossed by the fewest bytes of
+  intermediate values: the residual stream between layers (`crossing_bytes`).
+* **Which layers are the same.**  The layers' dataflow subgraphs are hashed with networkx's
+  Weisfeiler-Lehman graph hash (node labels: primitive and types; inputs from outside the
+  layer: their types and whether they are the function's inputs): equal hashes share one
+  measurement.
+
+Top-level `scan`s (`lax.scan`, flax `nn.scan`, haiku `layer_stack`, ...) are layers of their
+own: the scan's body is the layer and its trip count the stack's depth.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import networkx as nx
+import numpy as np
+
+from autoremat.graph._graph import Graph, OpInfo
+
+__all__ = ["Layer", "crossing_bytes", "find_layers"]
+
+# Equations that make a run of equations a layer worth measuring (a stack of elementwise ops
+# repeating is not one).
+HEAVY_PRIMITIVES = frozenset({"dot_general", "conv_general_dilated", "scan", "while", "cond",
+                              "custom_vjp_call", "custom_jvp_call", "custom_vjp_call_jaxpr"})
+
+
+@dataclass(frozen=True)
+class Layer:
+    """Top-level equations `[start, stop)` forming one layer; `key` is equal for identical ones."""
+
+    start: int
+    stop: int
+    key: str
+
+
+def crossing_bytes(g: Graph) -> list[int]:
+    """Bytes of intermediate values live across each cut position 0..n (cut p: before op p)."""
+    pos, last_use = positions_and_last_uses(g)
+    n = len(pos)
+    diff = [0] * (n + 2)
+    for vid, info in g.values.items():
+        if info.producer is None or vid not in last_use:
+            continue
+        p = pos[info.producer]
+        if last_use[vid] > p:
+            diff[p + 1] += info.nbytes
+            diff[last_use[vid] + 1] -= info.nbytes
+    return [int(x) for x in np.cumsum(diff[:n + 1])]
+
+
+def positions_and_last_uses(g: Graph) -> tuple[dict[str, int], dict[str, int]]:
+    """Position of each equation, and of the last equation reading each value (the graph's
+    outputs: len(ops))."""
+    pos = {oid: i for i, oid in enumerate(g.ops)}
+    last_use: dict[str, int] = {}
+    for oid, op in g.ops.items():
+        for v in op.inputs:
+            last_use[v] = pos[oid]
+    for v in g.outputs:
+        last_use[v] = len(pos)
+    return pos, last_use
+
+
+def find_layers(g: Graph, *, min_heavy: int = 1) -> tuple[Layer, ...]:
+    """The layers of `g`'s top-level equations, in order (see the module docstring)."""
+    ops = list(g.ops.values())
+    tokens = _tokens(g, ops)
+    heavy = np.array([op.primitive in HEAVY_PRIMITIVES or bool(op.bodies) for op in ops])
+    cross = crossing_bytes(g)
+    spans: list[tuple[int, int]] = []
+    _find_runs(tokens, heavy, cross, 0, len(ops), spans, min_heavy)
+    for i, op in enumerate(ops):
+        if op.primitive == "scan" and not any(a <= i < b for a, b in spans):
+            spans.append((i, i + 1))
+    spans.sort()
+    return tuple(Layer(a, b, _layer_hash(g, ops, a, b)) for a, b in spans)
+
+
+def _tokens(g: Graph, ops: list[OpInfo]) -> np.ndarray:
+    """One integer per equation: primitive, types and operands' relative producers."""
+    pos = {op.id: i for i, op in enumerate(ops)}
+    table: dict[str, int] = {}
+    out = np.empty(len(ops), dtype=np.int64)
+    for i, op in enumerate(ops):
+        ins = []
+        for v in op.inputs:
+            p = g.values[v].producer
+            ins.append(f"-{i - pos[p]}" if p in pos else f"in:{g.values[v].type_str}")
+        outs = ",".join(g.values[v].type_str for v in op.outputs)
+        key = f"{op.primitive}({','.join(ins)})->{outs}|{sorted(op.params.items())}"
+        out[i] = table.setdefault(key, len(table))
+    return out
+
+
+def _longest_runs(tokens: np.ndarray, lo: int, hi: int):
+    """Per period P: (start, copies) of the longest P-periodic run of tokens[lo:hi]."""
+    t = tokens[lo:hi]
+    n = len(t)
+    for p in range(1, n // 2 + 1):
+        eq = np.concatenate(([False], t[:-p] == t[p:], [False])).astype(np.int8)
+        edges = np.flatnonzero(np.diff(eq))
+        if len(edges) == 0:
+            continue
+        starts, stops = edges[0::2], edges[1::2]
+        k = int(np.argmax(stops - starts))
+        run = int(stops[k] - starts[k])
+        copies = (run + p) // p
+        if copies >= 2:
+            yield p, lo + int(starts[k]), copies
+
+
+def _find_runs(tokens, heavy, cross, lo, hi, spans, min_heavy):
+    """The best tandem repeat in [lo, hi) as layer spans, then the same left and right of it."""
+    best = None
+    for p, s, copies in _longest_runs(tokens, lo, hi):
+        if heavy[s:s + p].sum() < min_heavy:
+            continue
+        phase = min(range(p), key=lambda k: (cross[s + k], k))
+        n_layers = copies if phase == 0 else copies - 1
+        if n_layers < 2:
+            continue
+        cover = n_layers * p
+        if best is None or cover > best[0]:
+            best = (cover, p, s + phase, n_layers)
+    if best is None:
+        return
+    _, p, first, n_layers = best
+    spans.extend((first + k * p, first + (k + 1) * p) for k in range(n_layers))
+    _find_runs(tokens, heavy, cross, lo, first, spans, min_heavy)
+    _find_runs(tokens, heavy, cross, first + n_layers * p, hi, spans, min_heavy)
+
+
+def _layer_hash(g: Graph, ops: list[OpInfo], a: int, b: int) -> str:
+    """Weisfeiler-Lehman hash of equations [a, b) and the values they read from outside."""
+    G = nx.DiGraph()
+    produced = {}
+    for op in ops[a:b]:
+        outs = ",".join(g.values[v].type_str for v in op.outputs)
+        G.add_node(op.id, label=f"{op.primitive}->{outs}|{sorted(op.params.items())}")
+        for v in op.outputs:
+            produced[v] = op.id
+    for k, op in enumerate(ops[a:b]):
+        for j, v in enumerate(op.inputs):
+            src = produced.get(v)
+            if src is None:
+                info = g.values[v]
+                src = f"ext:{v}"
+                G.add_node(src, label=f"{'arg' if info.producer is None else 'act'}:{info.type_str}")
+            G.add_edge(src, op.id, operand=str(j))
+    with warnings.catch_warnings():  # networkx 3.5 notes that directed hashes changed; ours are per run
+        warnings.simplefilter("ignore", UserWarning)
+        return nx.weisfeiler_lehman_graph_hash(G, node_attr="label", edge_attr="operand", iterations=4)
