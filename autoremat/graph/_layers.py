@@ -1,9 +1,8 @@
 """Finding the layers of any model, without its author's cooperation.
 
 A training step's top-level equations are mostly a stack of identical layers: an unrolled
-`for` loop over blocks, a library's layer stack, the stages of a conv net.  The planner measures
-each distinct layer once (`runtime/_measure.py`) and composes the measurements along the chain,
-so it needs to know where the layers are:
+`for` loop over blocks, a library's layer stack, the stages of a conv net.  Per-layer
+measurements (`runtime/_measure.py`) need to know where the layers are and which are the same:
 
 * **Repeats.**  Each equation gets a token (primitive, types, and where its operands come from,
   counted backwards, so the token does not depend on where the layer sits).  A layer stack is a
@@ -49,6 +48,11 @@ class Layer:
     key: str
 
 
+def is_heavy(op: OpInfo) -> bool:
+    """A matmul, conv or control-flow equation (what makes a block or a layer worth one)."""
+    return op.primitive in HEAVY_PRIMITIVES or bool(op.bodies)
+
+
 def crossing_bytes(g: Graph) -> list[int]:
     """Bytes of intermediate values live across each cut position 0..n (cut p: before op p)."""
     pos, last_use = positions_and_last_uses(g)
@@ -81,7 +85,7 @@ def find_layers(g: Graph, *, min_heavy: int = 1) -> tuple[Layer, ...]:
     """The layers of `g`'s top-level equations, in order (see the module docstring)."""
     ops = list(g.ops.values())
     tokens = _tokens(g, ops)
-    heavy = np.array([op.primitive in HEAVY_PRIMITIVES or bool(op.bodies) for op in ops])
+    heavy = np.array([is_heavy(op) for op in ops])
     cross = crossing_bytes(g)
     spans: list[tuple[int, int]] = []
     _find_runs(tokens, heavy, cross, 0, len(ops), spans, min_heavy)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 
 from autoremat.graph._graph import Graph, OpInfo
-from autoremat.graph._layers import HEAVY_PRIMITIVES, Layer, crossing_bytes
+from autoremat.graph._layers import crossing_bytes, is_heavy
 
 
 
@@ -30,11 +30,9 @@ class Block:
     kind: str  # "ops" | "scan"
     signature: str
     heavy: bool = True  # holds a matmul/conv/control-flow equation
-    layer: str | None = None  # the `graph.Layer.key` when the block is one whole layer
 
 
-def find_blocks(g: Graph, *, max_blocks: int = 160, merge: str = "next",
-                layers: Sequence[Layer] = ()) -> tuple[Block, ...]:
+def find_blocks(g: Graph, *, max_blocks: int = 160, merge: str = "next") -> tuple[Block, ...]:
     """Cuts the top-level equations into a chain of blocks (see the module docstring).
 
     Args:
@@ -42,8 +40,6 @@ def find_blocks(g: Graph, *, max_blocks: int = 160, merge: str = "next",
         go: "next" ends each block at the first cut after its heavy equation (activations
         open the next block); "prev" ends it at the last cut before the next heavy equation
         (activations close their layer, as hand-written per-layer checkpoints do).
-      layers: `graph.find_layers`' layers: each becomes one block (its per-layer options are
-        measured as a whole); the equations between them are cut as above.
     """
     if merge not in ("next", "prev", "none"):
         raise ValueError(f"merge must be 'next', 'prev' or 'none', got {merge!r}")
@@ -56,9 +52,6 @@ def find_blocks(g: Graph, *, max_blocks: int = 160, merge: str = "next",
     for i, op in enumerate(ops):
         if op.primitive == "scan":
             forced.update((i, i + 1))
-    for layer in layers:
-        forced.update((layer.start, layer.stop))
-    inside = {p for layer in layers for p in range(layer.start + 1, layer.stop)}
     cuts = set(forced)
     for p in range(1, n):
         if cross[p] <= cross[p - 1] and cross[p] <= cross[p + 1]:
@@ -74,7 +67,7 @@ def find_blocks(g: Graph, *, max_blocks: int = 160, merge: str = "next",
     # Every local minimum is kept (a filter keeping only cuts near the smallest interior
     # crossing hurt the U-Net, whose skip tensors cross its decoder stages: lowest compiled
     # peak 10.1 MiB without it, 12.2 MiB with it); light blocks are merged below instead.
-    cuts = sorted(c for c in cuts if 0 < c < n and c not in inside)
+    cuts = sorted(c for c in cuts if 0 < c < n)
     # Thin out cuts so that there are at most max_blocks blocks: keep forced cuts, then walk
     # left to right keeping a cut once the current block has at least min_ops equations.
     min_ops = max(1, math.ceil(n / max_blocks))
@@ -87,7 +80,7 @@ def find_blocks(g: Graph, *, max_blocks: int = 160, merge: str = "next",
     bounds = [0] + kept + [n]
     # Merge blocks with no heavy equation (layer norms, residual adds) into the next block:
     # regions then start at the residual stream before a layer's first projection.
-    heavy = [op.primitive in HEAVY_PRIMITIVES or bool(op.bodies) for op in ops]
+    heavy = [is_heavy(op) for op in ops]
     merged = [0]
     for k in range(1, len(bounds) - 1):
         a, b = merged[-1], bounds[k]
@@ -104,12 +97,11 @@ def find_blocks(g: Graph, *, max_blocks: int = 160, merge: str = "next",
         merged.pop()  # a trailing light block (loss reduction) joins the one before
     bounds = merged + [n]
     blocks = []
-    key = {(layer.start, layer.stop): layer.key for layer in layers}
     for k in range(len(bounds) - 1):
         a, b = bounds[k], bounds[k + 1]
         ids = tuple(op.id for op in ops[a:b])
         kind = "scan" if (b - a == 1 and ops[a].primitive == "scan") else "ops"
-        blocks.append(Block(k, a, b, ids, kind, _signature(g, ops[a:b]), any(heavy[a:b]), key.get((a, b))))
+        blocks.append(Block(k, a, b, ids, kind, _signature(g, ops[a:b]), any(heavy[a:b])))
     return tuple(blocks)
 
 

@@ -128,11 +128,10 @@ def build_chain_model(g: Graph, *, offload: bool = True, max_region_blocks: int 
                       caps: Sequence[float] = DEFAULT_CAPS, region_method: str = "cpsat",
                       region_time_limit: float | None = 2.0, max_blocks: int = 160,
                       none_scale: float = 1.0, merge: str = "next",
-                      block_cache: dict | None = None, layers: Sequence = ()) -> ChainModel:
+                      block_cache: dict | None = None) -> ChainModel:
     """Builds the chain problem of a graph (see the module docstring).
 
     Args:
-      layers: `graph.find_layers`' layers, each made one block (`find_blocks`).
       block_cache: per-block candidate saved sets by structural signature; pass the same
         dict to several builds of one graph (recalibration, the other block variant) so the
         region solves are not repeated.
@@ -141,7 +140,7 @@ def build_chain_model(g: Graph, *, offload: bool = True, max_region_blocks: int 
         pass and never stores them; `optimize` measures the compiled un-optimized peak and
         scales the stored bytes of un-checkpointed regions by the ratio it finds.
     """
-    blocks = find_blocks(g, max_blocks=max_blocks, merge=merge, layers=layers)
+    blocks = find_blocks(g, max_blocks=max_blocks, merge=merge)
     cross = crossing_bytes(g)
     base = sum(g.values[v].nbytes for v in g.inputs)
     base += sum(g.values[v].nbytes for v in g.inputs if g.values[v].differentiable)
