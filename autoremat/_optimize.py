@@ -27,8 +27,10 @@ import jax
 
 from autoremat._errors import InfeasibleBudgetError, SolverError
 from autoremat._bridge import to_plan
+from autoremat._hand import HandPlan, HandSearch
 from autoremat._shardings import abstract_arguments
 from autoremat.graph._graph import graph_from_traced
+from autoremat.graph._layers import find_layers
 from autoremat.graph._profiles import detect_profile, get_profile
 from autoremat.graph._trace import check_reverse_mode, signature_key, split_static, trace
 from autoremat.runtime._apply import apply, run_plan
@@ -64,18 +66,26 @@ UNIFORM_NEAR = 1.1
 # slower, and compiles within the budget.
 POLICY_KINDS = ("ckpt:recompute", "ckpt:save:dots", "ckpt:save:dots_no_batch")
 POLICY_TOLERANCE = 0.10
-# Plans already compiled in this process: (function signature, segments) -> _Compiled.  Every
-# plan that fits is a candidate at every later budget of the same signature, so a looser
-# budget never returns a plan estimated slower than one already compiled within it (issue 15:
-# on a 6-layer stack 6,350,081 B gave 1.383e9 FLOPs where 5,767,572 B gave 1.350e9).
+# Plans already compiled in this process: (function signature, plan key) -> _Compiled.  Every
+# plan that fits is a candidate at every later budget of the same signature, and the answer is
+# the fitting one that recomputes the fewest FLOPs (counted on the step's jaxpr), so a looser
+# budget never returns a plan that recomputes more than one already compiled within it (issue
+# 15: on a 6-layer stack 6,350,081 B gave 1.383e9 FLOPs where 5,767,572 B gave 1.350e9), and
+# the hand-written plans (`autoremat._hand`) bound the answer (issue 14).
 _COMPILED: dict = {}
+_BASELINES: dict = {}  # (fingerprint, argument types) -> the un-optimized step's CompiledStats
 
 
 class _Compiled(NamedTuple):
     peak: int
-    extra: float
-    flops: float
+    extra: float  # the model's estimated extra time (0 for hand-written plans: not modelled)
+    flops: float  # the model's recomputed FLOPs
     plan: Plan
+    measured: float  # extra FLOPs of the compiled step's jaxpr over the un-optimized one
+
+    @property
+    def rank(self) -> tuple:
+        return (self.measured, self.extra, self.peak)
 
 
 @dataclass
@@ -119,10 +129,13 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
         f"({time.perf_counter() - t1:.1f}s)")
 
     stats_kw = dict(argnums=traced.argnums, static_argnums=static_argnums, has_aux=has_aux)
-    baseline_peak = None
+    baseline_peak = none_flops = None
     if validate or isinstance(budget, float):
         # A fraction is of the compiled un-optimized peak, also with validate=False.
-        baseline_peak = compiled_stats(fn, *abstract_args, **stats_kw, **abstract_kwargs).peak_bytes
+        key = (traced.fingerprint, str(traced.in_avals))
+        if key not in _BASELINES:  # one compile per signature and process (5 s at 1B parameters)
+            _BASELINES[key] = compiled_stats(fn, *abstract_args, **stats_kw, **abstract_kwargs)
+        baseline_peak, none_flops = _BASELINES[key].peak_bytes, _BASELINES[key].jaxpr_flops
         say(f"un-optimized compiled peak {format_bytes(baseline_peak)}")
     if isinstance(budget, str) and budget.strip().lower() == "auto":
         budget_bytes = int(_device_memory(profile) * AUTO_MARGIN)
@@ -166,37 +179,60 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
     tried: dict = {}
     sig = (traced.fingerprint, str(traced.in_avals), model.none_scale)
 
-    def compile_peak(segments) -> int:
+    def compile_once(key, plan, extra, flops) -> _Compiled:
+        if (sig, key) not in _COMPILED:
+            st = compiled_stats(apply(fn, plan), *abstract_args, **stats_kw, **abstract_kwargs)
+            _COMPILED[(sig, key)] = _Compiled(st.peak_bytes, extra, flops, plan, st.jaxpr_flops - none_flops)
+        tried[key] = _COMPILED[(sig, key)].peak
+        return _COMPILED[(sig, key)]
+
+    def compile_peak(segments, how="", result=None) -> int:
         # Equation ranges, not block indices: the two block variants index blocks differently.
         key = tuple((model.blocks[sg.start].start, model.blocks[sg.stop - 1].stop, sg.option.name)
                     for sg in segments)
         if key not in tried:
-            if (sig, key) not in _COMPILED:
-                p = to_plan(model, segments, budget=budget_bytes, meta=meta)
-                peak, extra = evaluate(model.raw_problem, segments)
-                p = _with(p, predicted_peak=peak, estimated_extra_time=extra)
-                compiled = compiled_stats(apply(fn, p), *abstract_args, **stats_kw, **abstract_kwargs).peak_bytes
-                _COMPILED[(sig, key)] = _Compiled(compiled, extra, _recompute_flops(segments), p)
-            tried[key] = _COMPILED[(sig, key)].peak
+            p = to_plan(model, segments, budget=budget_bytes, result=result, meta={**meta, "found_by": how})
+            peak, extra = evaluate(model.raw_problem, segments)
+            compile_once(key, _with(p, predicted_peak=peak, estimated_extra_time=extra), extra, _recompute_flops(segments))
         return tried[key]
 
-    def accept(segments, result, how):
-        plan = to_plan(model, segments, budget=budget_bytes, result=result, meta=meta)
-        if result is None:
-            peak, extra = evaluate(model.raw_problem, segments)
-            plan = _with(plan, predicted_peak=peak, estimated_extra_time=extra)
-        known = _best_compiled(sig, limit)
-        if known is not None and (known.extra, known.flops) < (plan.estimated_extra_time or 0.0,
-                                                                _recompute_flops(segments)):
-            say(f"a plan compiled earlier in this process is faster: {format_bytes(known.peak)}")
-            return finish(known.plan, known.peak,
-                          "a plan compiled earlier in this process, faster than this budget's search found")
-        return finish(plan, compile_peak(segments), how)
+    def compile_hand(plan, label) -> HandPlan:
+        c = compile_once(("hand", label), _with(plan, budget=budget_bytes, meta={**plan.meta, "found_by": label}),
+                     0.0, 0.0)
+        return HandPlan(label, c.plan, c.peak, c.measured)
 
-    def finish(plan, compiled, how):
-        plan = _with(plan, budget=budget_bytes, meta={
-            **plan.meta, "compiled_peak": compiled, "rounds": _rounds(history), "found_by": how})
+    def can_win(segments, quiet=False) -> bool:
+        """Whether a plan may recompute fewer FLOPs than the best fitting plan compiled so far
+        (the model's recomputed FLOPs against the compiled one's, counted by the same cost
+        rules); a plan that cannot is not compiled: at 1B parameters each compile takes 5-7 s."""
+        known = _best_compiled(sig, limit)
+        if known is None or _recompute_flops(segments) < known.measured:
+            return True
+        if not quiet:
+                say(f"  (a plan recomputing {_recompute_flops(segments) / 1e9:.4g} GFLOP cannot beat the compiled "
+                f"{known.plan.meta.get('found_by', 'plan')}, +{known.measured / 1e9:.4g} GFLOP: not compiled)")
+        return False
+
+    def accept(segments, result, how):
+        compile_peak(segments, how, result)
+        return finish(_best_compiled(sig, limit))
+
+    def finish(best: _Compiled):
+        """The fitting plan compiled in this process for this signature that recomputes least."""
+        how = best.plan.meta.get("found_by", "")
+        say(f"chosen: {how or 'the solver'}: compiled {format_bytes(best.peak)}, "
+            f"+{best.measured / 1e9:.4g} GFLOP recomputed" + (f" (model: {best.flops / 1e9:.4g})" if best.flops else ""))
+        plan = _with(best.plan, budget=budget_bytes, meta={
+            **best.plan.meta, **meta, "compiled_peak": best.peak, "rounds": _rounds(history), "found_by": how,
+            "extra_flops": best.measured, "hand_candidates": _hand_table(sig)})
         return _Planned(plan, traced, model, baseline_peak, history)
+
+    layers = find_layers(g)
+    if validate and layers:
+        none_hand = HandPlan("no remat", None, baseline_peak, 0.0)
+        hand = HandSearch(g, layers, compile_hand, none_hand, say, meta)
+        hand.uniform()
+        hand.mix(limit)
 
     if offload and validate:
         # Does offloading lower XLA's compiled peak here?  Compare the per-block plan that
@@ -235,15 +271,18 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
                     budget=budget_bytes, lowest=e.lowest) from None
             break
         say(f"round {rnd + 1}: solver {result.solver} ({result.status}, {result.solve_time:.2f}s) predicts "
-            f"{format_bytes(result.peak_bytes)}, +{result.objective * 1e3:.3g} ms")
+            f"{format_bytes(result.peak_bytes)}, +{result.objective * 1e3:.3g} ms, "
+            f"+{_recompute_flops(result.segments) / 1e9:.4g} GFLOP")
         if not validate:
             plan = to_plan(model, result.segments, budget=budget_bytes, result=result, meta=meta)
             warnings.warn(
                 f"autoremat: plan for {meta['function']} predicts {format_bytes(result.peak_bytes)} for the budget "
                 f"{format_bytes(budget_bytes)} but was NOT compiled to check it (validate=False)", stacklevel=3)
             return _Planned(plan, traced, model, baseline_peak, history)
+        if validate and not can_win(result.segments):
+            break
         same = next((h["round"] for h in history if h["segments"] == result.segments), None)
-        compiled = compile_peak(result.segments)
+        compiled = compile_peak(result.segments, f"solver round {rnd + 1}", result)
         history.append({"round": rnd + 1, "target": target, "predicted": result.peak_bytes, "compiled": compiled,
                         "segments": result.segments})
         say(f"round {rnd + 1}: " + (f"the plan of round {same} again" if same else "compiled peak")
@@ -296,9 +335,9 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
         solver_extra = best[0]
         for c in sorted((c for c in cands if c.is_policy), key=lambda c: c.flops):
             if (c.flops >= best_flops or c.extra > best[0] * (1 + POLICY_TOLERANCE)
-                    or c.peak > UNIFORM_REACH * budget_bytes):
+                    or c.peak > UNIFORM_REACH * budget_bytes or not can_win(c.segs, quiet=True)):
                 continue
-            if compile_peak(c.segs) <= limit:
+            if compile_peak(c.segs, c.label) <= limit:
                 say(f"{c.label} recomputes fewer FLOPs at about the same estimated time and compiles within "
                     f"the budget")
                 best = (c.extra, c.segs, None, f"{c.label}, blocks merged next")
@@ -319,12 +358,18 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
             if not pool:
                 break
             c = min(pool, key=lambda c: (c.peak, c.extra))
-            if compile_peak(c.segs) <= limit:
+            if not can_win(c.segs, quiet=True):
+                failed.add(c.segs)
+                continue
+            if compile_peak(c.segs, c.label) <= limit:
                 say(f"{c.label} is faster and compiles within the budget")
                 best = (c.extra, c.segs, None, f"{c.label}, blocks merged next")
             else:
                 failed.add(c.segs)
         return accept(best[1], best[2], best[3])
+    known = _best_compiled(sig, limit)
+    if known is not None:  # a hand-written plan (or one compiled for another budget) fits: done
+        return finish(known)
     # The model and XLA disagree here.  Fall back on compile-verified candidates, for each
     # way of cutting the chain into blocks (activations opening the next layer, closing
     # their layer, no merging at all): the solver's plan for the budget; every option kind
@@ -337,7 +382,7 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
             model = m
             try:
                 result = solve(model.problem, budget_bytes, method=solver, time_limit=time_limit)
-                if compile_peak(result.segments) <= limit:
+                if compile_peak(result.segments, f"solver, blocks merged {variant}", result) <= limit:
                     return accept(result.segments, result, f"solver, blocks merged {variant}")
             except InfeasibleBudgetError:
                 pass
@@ -359,18 +404,19 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
             chosen.sort(key=lambda c: c.extra)
             say(f"the model and XLA disagree; trying {len(chosen)} compile-verified uniform plans (blocks merged "
                 f"{variant})")
+            chosen = [c for c in chosen if can_win(c.segs, quiet=True)]
             for k, c in enumerate(chosen):
                 say(f"  compiling {k + 1}/{len(chosen)}: {c.label}")
-                peak = compile_peak(c.segs)
+                peak = compile_peak(c.segs, f"{c.label}, blocks merged {variant}")
                 if peak <= limit:
                     say(f"{c.label}: compiled {format_bytes(peak)} fits")
                     return accept(c.segs, None, f"{c.label}, blocks merged {variant}")
         low = lowest_peak_segments(model.problem)
-        if compile_peak(low) <= limit:
+        if can_win(low) and compile_peak(low, f"lowest predicted peak, blocks merged {variant}") <= limit:
             return accept(low, None, f"lowest predicted peak, blocks merged {variant}")
     known = _best_compiled(sig, limit)
     if known is not None:  # compiled for another budget of this signature, and fits this one
-        return finish(known.plan, known.peak, "a plan compiled earlier in this process for another budget")
+        return finish(known)
     lowest = min(tried.values())
     need = lowest if limit == budget_bytes else -(-lowest * budget_bytes // limit)
     margin = ("" if limit == budget_bytes else
@@ -389,9 +435,16 @@ def _rounds(history: list) -> list:
 
 
 def _best_compiled(sig, limit: int) -> _Compiled | None:
-    """The fastest (then fewest FLOPs) plan compiled in this process for `sig` that fits `limit`."""
+    """The plan compiled in this process for `sig` that fits `limit` and recomputes the fewest
+    FLOPs (then: estimated fastest, lowest peak)."""
     fits = [c for (s, _), c in _COMPILED.items() if s == sig and c.peak <= limit]
-    return min(fits, key=lambda c: (c.extra, c.flops), default=None)
+    return min(fits, key=lambda c: c.rank, default=None)
+
+
+def _hand_table(sig) -> list[dict]:
+    """The hand-written plans compiled for `sig`: label, compiled peak, extra FLOPs."""
+    return [{"label": key[1], "compiled_peak": c.peak, "extra_flops": c.measured}
+            for (s, key), c in _COMPILED.items() if s == sig and key and key[0] == "hand"]
 
 
 def _variants(g, model: ChainModel, offload: bool, say, block_cache: dict):

@@ -113,13 +113,15 @@ def _no_remat_segments(problem):
 
 
 def memory_timeline(model, segments, *, budget: int | None = None, baseline_segments=None, path,
-                    title: str | None = None) -> str:
+                    title: str | None = None, compiled_peak: int | None = None) -> str:
     """Draws the predicted memory over forward and backward, the plan against no remat.
 
     Args:
       model: a `ChainModel` (its options before pruning, if it has them), or a `ChainProblem`.
-      segments: the plan's segments (regions with their options).
+      segments: the plan's segments (regions with their options); None for a plan the chain
+        model cannot express (a JAX policy per layer): only its compiled peak is drawn.
       budget: bytes; drawn as a horizontal line.
+      compiled_peak: the plan's compiled peak (bytes), drawn as a horizontal line.
       baseline_segments: the curve to compare with (default: no remat, every block `none`).
       path: the PNG (or any format matplotlib writes) to create.
       title: the figure's title.
@@ -138,7 +140,8 @@ def memory_timeline(model, segments, *, budget: int | None = None, baseline_segm
     curves = []
     if baseline_segments is not None:
         curves.append(("no remat", baseline_segments, "tab:gray", "--"))
-    curves.append(("plan", segments, "tab:blue", "-"))
+    if segments is not None:
+        curves.append(("plan", segments, "tab:blue", "-"))
     for label, segs, color, style in curves:
         xs, ys = timeline_steps(problem, segs)
         peak, extra = evaluate(problem, segs)
@@ -146,13 +149,16 @@ def memory_timeline(model, segments, *, budget: int | None = None, baseline_segm
                   label=f"{label}: peak {peak / _MIB:.1f} MiB, +{extra * 1e3:.3g} ms")
     if budget is not None:
         ax.axhline(budget / _MIB, color="tab:red", linewidth=1.2, label=f"budget {budget / _MIB:.1f} MiB")
+    if compiled_peak is not None:
+        ax.axhline(compiled_peak / _MIB, color="tab:blue", linewidth=1.0, linestyle=":",
+                   label=f"plan, compiled by XLA: peak {compiled_peak / _MIB:.1f} MiB")
     ax.axvline(n, color="black", linewidth=0.6, alpha=0.5)
     ax.set_xlim(0, 2 * n)
     ax.set_ylim(bottom=0)
     ticks = sorted({0, n, 2 * n, n // 2, n + (n + 1) // 2})
     ax.set_xticks(ticks, [_stage_label(t, n) for t in ticks])
     ax.set_xlabel("stage (forward blocks, then backward regions in reverse)")
-    ax.set_ylabel("live device memory (MiB, predicted)")
+    ax.set_ylabel("live device memory (MiB; curves predicted)")
     ax.set_title(title or "autoremat: predicted memory over the step")
     ax.legend(loc="upper left", fontsize=8)
     ax.grid(alpha=0.3)

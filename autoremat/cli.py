@@ -422,12 +422,14 @@ def _search(spec, sets, budget, output, *, device=None, offload=None, solver="au
         from autoremat._plots import memory_timeline
 
         try:
-            segs = getattr(planned, "segments", None) or plan_segments(planned.model, planned.plan)
-            memory_timeline(planned.model, segs, budget=planned.plan.budget, path=timeline,
-                            title=f"autoremat: predicted memory of {m.name}")
-            say(f"wrote {timeline}")
-        except AutorematError as e:  # the plan is written; a missing picture is not fatal
-            click.echo(f"{_PROG}: warning: no timeline drawn: {e}", err=True)
+            segs = plan_segments(planned.model, planned.plan)
+        except AutorematError:  # a JAX policy per layer: the chain model has no curve for it
+            segs = None
+        memory_timeline(planned.model, segs, budget=planned.plan.budget, path=timeline,
+                        compiled_peak=planned.plan.meta.get("compiled_peak"),
+                        title=f"autoremat: memory of {m.name}" + (
+                            "" if segs is not None else f" ({planned.plan.meta.get('found_by', 'plan')})"))
+        say(f"wrote {timeline}")
     click.echo(planned.plan.summary())
     click.echo("")
     for line in _validation_lines(planned):

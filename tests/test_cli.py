@@ -86,7 +86,7 @@ def test_search_example_object_factory(tmp_path):
 
 def test_show(plan_file):
     out, _ = plan_file
-    result = run("show", out / "plan.json", "--max-rows", "3")
+    result = run("show", out / "plan.json", "--max-rows", "1")
     assert result.stdout.startswith("autoremat plan for loss")
     assert "totals: save" in result.stdout and "more values" in result.stdout
 
@@ -94,7 +94,8 @@ def test_show(plan_file):
 def test_export_stdout_and_file(plan_file, tmp_path):
     out, _ = plan_file
     code = run("export", out / "plan.json").stdout
-    assert "checkpoint_name" in code and "policy" in code
+    # Names and one policy, or (a JAX policy per layer won) plain jax.checkpoint calls.
+    assert "policy" in code and ("checkpoint_name" in code or "jax.checkpoint(layer, policy=" in code)
     compile(code, "exported.py", "exec")
     run("export", out / "plan.json", "-o", tmp_path / "policy.py")
     assert (tmp_path / "policy.py").read_text().strip() == code.strip()

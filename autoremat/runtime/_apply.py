@@ -25,23 +25,24 @@ from autoremat.graph._trace import Traced, signature_key, split_static, trace
 from autoremat.runtime._checkpoint import checkpoint
 from autoremat.runtime._plan import Plan, Region, ScanPlan, checkpoint_names
 
-# Inside a scan the loop already keeps XLA from CSE-ing recomputation into the forward pass
-# (JAX's gradient-checkpointing guide), and the barriers cost memory: measured on the
-# built-in scan transformer (CPU, jax 0.10.2), nothing-saved body 51.3 MiB with barriers,
-# 50.8 MiB without (= hand-written nothing_saveable with prevent_cse=False).
-PREVENT_CSE_IN_SCAN = False
 
 __all__ = ["apply", "run_plan", "check_plan_matches", "region_policy", "segment_function"]
 
 
-def region_policy(saved_names: Sequence[str], offloaded_names: Sequence[str]):
-    """The name-based policy a region uses."""
+def region_policy(saved_names: Sequence[str], offloaded_names: Sequence[str], policy: str = ""):
+    """The policy a region uses: its names, and the named JAX policy if it has one."""
     cp = jax.checkpoint_policies
     if offloaded_names:
-        return cp.save_and_offload_only_these_names(
+        names = cp.save_and_offload_only_these_names(
             names_which_can_be_saved=list(saved_names), names_which_can_be_offloaded=list(offloaded_names),
             offload_src="device", offload_dst="pinned_host")
-    return cp.save_only_these_names(*saved_names)
+    else:
+        names = cp.save_only_these_names(*saved_names)
+    if not policy:
+        return names
+    if not saved_names and not offloaded_names:
+        return getattr(cp, policy)
+    return cp.save_from_both_policies(getattr(cp, policy), names)
 
 
 def check_plan_matches(plan: Plan, traced: Traced, fn_name: str = "fn") -> None:
@@ -144,7 +145,7 @@ class _Evaluator:
             self._run_range(local, r.start, r.stop, r.children, tags)
             return [local[v] for v in outs]
 
-        fn = checkpoint(body, policy=region_policy(saved, offloaded), prevent_cse=True)
+        fn = checkpoint(body, policy=region_policy(saved, offloaded, r.policy), prevent_cse=True)
         out_vals = fn(*[env[v] for v in ins])
         for v, val in zip(outs, out_vals):
             env[v] = val
@@ -176,7 +177,7 @@ def _run_scan(eqn, invals, sp: ScanPlan, plan: Plan, oid: str):
         outs = [v.val if isinstance(v, jex.core.Literal) else env[v] for v in bj.outvars]
         return list(outs[:ncar]), list(outs[ncar:])
 
-    step = checkpoint(step, policy=region_policy(saved, offloaded), prevent_cse=PREVENT_CSE_IN_SCAN)
+    step = checkpoint(step, policy=region_policy(saved, offloaded, sp.policy), prevent_cse=sp.prevent_cse)
     kw = {}
     if "_split_transpose" in p:
         kw["_split_transpose"] = p["_split_transpose"]

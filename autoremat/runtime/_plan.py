@@ -29,7 +29,7 @@ from typing import Any
 
 from autoremat._errors import PlanFormatError
 
-__all__ = ["Region", "ScanPlan", "ValueRecord", "Plan", "SCHEMA_VERSION", "checkpoint_names"]
+__all__ = ["Region", "ScanPlan", "ValueRecord", "Plan", "SCHEMA_VERSION", "POLICY_NAMES", "checkpoint_names"]
 
 SCHEMA_VERSION = 1
 _FORMAT = "autoremat-plan"
@@ -45,6 +45,9 @@ class Region:
     offloaded: frozenset[str] = frozenset()
     children: tuple["Region", ...] = ()
     label: str = ""
+    # A `jax.checkpoint_policies` member applied to the region besides the saved names
+    # ("" = names only): how a person writes a per-layer policy (`autoremat._hand`).
+    policy: str = ""
 
     def __post_init__(self):
         if not (0 <= self.start < self.stop):
@@ -57,17 +60,18 @@ class Region:
                 raise PlanFormatError(
                     f"child region [{c.start}, {c.stop}) is not inside [{self.start}, {self.stop}) in order")
             prev = c.stop
+        _check_policy(self.policy, f"region [{self.start}, {self.stop})")
 
     def to_json(self) -> dict:
         return {"start": self.start, "stop": self.stop, "saved": sorted(self.saved),
                 "offloaded": sorted(self.offloaded), "children": [c.to_json() for c in self.children],
-                "label": self.label}
+                "label": self.label, "policy": self.policy}
 
     @classmethod
     def from_json(cls, d: Mapping) -> "Region":
         return cls(int(d["start"]), int(d["stop"]), frozenset(d.get("saved", ())),
                    frozenset(d.get("offloaded", ())), tuple(cls.from_json(c) for c in d.get("children", ())),
-                   str(d.get("label", "")))
+                   str(d.get("label", "")), str(d.get("policy", "")))
 
 
 @dataclass(frozen=True)
@@ -77,13 +81,26 @@ class ScanPlan:
     op: str
     saved: frozenset[str] = frozenset()
     offloaded: frozenset[str] = frozenset()
+    policy: str = ""  # as `Region.policy`
+    # Optimization barriers around the body's recomputation.  JAX's default (True) is what a
+    # hand-written `jax.checkpoint(body, policy=...)` gets.  The solver's body plans go without
+    # (docs/FINDINGS.md "Scan bodies: no optimization barriers"): on the built-in scan
+    # transformer (CPU, jax 0.10.2) the nothing-saved body compiled to 51.3 MiB with barriers,
+    # 50.8 without; but a third-party layer stack compiled to 195.7 MiB with them and 786.5
+    # without (issue 14).  Which is lower is model-dependent, so the plan search compiles both.
+    prevent_cse: bool = False
+
+    def __post_init__(self):
+        _check_policy(self.policy, f"scan plan {self.op}")
 
     def to_json(self) -> dict:
-        return {"op": self.op, "saved": sorted(self.saved), "offloaded": sorted(self.offloaded)}
+        return {"op": self.op, "saved": sorted(self.saved), "offloaded": sorted(self.offloaded),
+                "policy": self.policy, "prevent_cse": self.prevent_cse}
 
     @classmethod
     def from_json(cls, d: Mapping) -> "ScanPlan":
-        return cls(str(d["op"]), frozenset(d.get("saved", ())), frozenset(d.get("offloaded", ())))
+        return cls(str(d["op"]), frozenset(d.get("saved", ())), frozenset(d.get("offloaded", ())),
+                   str(d.get("policy", "")), bool(d.get("prevent_cse", False)))
 
 
 @dataclass(frozen=True)
@@ -262,6 +279,16 @@ class Plan:
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise PlanFormatError(f"plan file {os.fspath(path)!r} is not valid JSON ({e})") from e
         return cls.from_json(d, source=f"plan file {os.fspath(path)!r}")
+
+
+# The `jax.checkpoint_policies` a plan may name (those taking no arguments).
+POLICY_NAMES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable", "everything_saveable",
+                "checkpoint_dots", "checkpoint_dots_with_no_batch_dims")
+
+
+def _check_policy(policy: str, where: str) -> None:
+    if policy and policy not in POLICY_NAMES:
+        raise PlanFormatError(f"{where} names an unknown JAX policy {policy!r}; one of {', '.join(POLICY_NAMES)}")
 
 
 def _walk(regions):

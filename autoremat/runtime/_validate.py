@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import jax
 
 from autoremat._xla import cpu_flags_active
+from autoremat.graph._costs import jaxpr_cost
 from autoremat.runtime._plan import Plan
 
 __all__ = ["CompiledStats", "ValidationReport", "compiled_stats", "validate"]
@@ -36,6 +37,9 @@ class CompiledStats:
     step_times: tuple[float, ...] = ()
     backend: str = ""
     compile_time: float = 0.0
+    # FLOPs of the step's jaxpr (`graph.jaxpr_cost`: scan bodies times their trip count,
+    # recomputation included), where XLA's `flops` counts a scan body once.
+    jaxpr_flops: float | None = None
 
 
 def _value_and_grad(f, argnums, has_aux):
@@ -59,7 +63,9 @@ def compiled_stats(fn, *args, argnums=0, static_argnums=(), has_aux=False, n_ste
             "`autoremat.configure_cpu_flags()` first thing", stacklevel=2)
     step = jax.jit(_value_and_grad(fn, argnums, has_aux), static_argnums=static_argnums)
     t0 = time.perf_counter()
-    compiled = step.lower(*args, **kwargs).compile()
+    staged = step.trace(*args, **kwargs)
+    jaxpr_flops = jaxpr_cost(staged.jaxpr).flops
+    compiled = staged.lower().compile()
     compile_time = time.perf_counter() - t0
     m = compiled.memory_analysis()
     arg, out, temp, alias = (int(getattr(m, k, 0) or 0) for k in (
@@ -85,7 +91,8 @@ def compiled_stats(fn, *args, argnums=0, static_argnums=(), has_aux=False, n_ste
                 times.append(time.perf_counter() - t0)
     return CompiledStats(arg + out + temp - alias, arg, out, temp, alias, host,
                          int(xla_peak) if xla_peak is not None else None, flops,
-                         statistics.median(times) if times else None, tuple(times), backend, compile_time)
+                         statistics.median(times) if times else None, tuple(times), backend, compile_time,
+                         jaxpr_flops)
 
 
 @dataclass(frozen=True)

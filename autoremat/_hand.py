@@ -1,0 +1,182 @@
+"""Hand-written plans: what a person would write, compiled so that autoremat never loses to it.
+
+autoremat's promise is that at any budget where a per-layer JAX policy or a mix of two fits,
+its plan fits too and recomputes no more.  The plan search keeps it by construction: the plans
+a person would write are among the candidates it compiles, and the answer is the fitting
+compiled plan that recomputes the fewest FLOPs.
+
+* `layer_plan`: one `jax.checkpoint(policy=...)` per layer (`graph.find_layers`): an unrolled
+  layer becomes a region, a top-level scan gets the policy on its body with JAX's default
+  optimization barriers, exactly as written by hand.
+* `HandSearch.uniform`: JAX's built-in policies, each on every layer; where a layer is a scan,
+  also with `prevent_cse=False` on its body (what JAX's docs and MaxText write inside a scan).
+* `HandSearch.mix`: for a budget between two of them, the last `k` layers under the faster
+  policy and the rest under the leaner one; `k` from the line through the two compiled peaks,
+  then corrected by compiling (the peak grows with `k`, one layer's stored bytes at a time).
+
+FLOPs are counted on the step's jaxpr (`CompiledStats.jaxpr_flops`: recomputation included,
+scan bodies times their trip count), relative to the un-optimized step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from autoremat._units import format_bytes
+from autoremat.graph._graph import Graph
+from autoremat.graph._layers import Layer
+from autoremat.graph._trace import describe_eqn
+from autoremat.runtime._plan import Plan, Region, ScanPlan, ValueRecord
+
+__all__ = ["HAND_POLICIES", "HandPlan", "HandSearch", "layer_plan"]
+
+# JAX's built-in policies a person applies per layer, leanest first.
+HAND_POLICIES = ("nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_saveable")
+# Compiles spent correcting a mix's layer count: the line through two policies' peaks was off
+# by at most one layer on the 16-layer 1B decoder (benchmarks/results/realscale.md), so two
+# corrections settle it; the cap bounds the cost where it is not linear.
+MAX_MIX_STEPS = 3
+
+
+@dataclass(frozen=True)
+class HandPlan:
+    """A compiled hand-written plan: its label, plan, compiled peak and extra FLOPs."""
+
+    label: str
+    plan: Plan
+    peak: int
+    extra_flops: float
+
+
+def layer_plan(g: Graph, layers: Sequence[Layer], policies: Sequence[str | None], *,
+               meta: dict | None = None, prevent_cse: bool = True) -> Plan:
+    """`policies[i]` (a `jax.checkpoint_policies` name, or None: left alone) on layer i of the
+    traced function of `g`; `prevent_cse` for the bodies of scans (regions always have JAX's
+    default barriers).  The plan's value records say what each policy saves."""
+    traced = g.traced
+    regions, scans = [], []
+    for k, (layer, pol) in enumerate(zip(layers, policies)):
+        if pol is None:
+            continue
+        eqn = traced.jaxpr.eqns[layer.start]
+        if layer.stop - layer.start == 1 and eqn.primitive.name == "scan":
+            scans.append(ScanPlan(f"e{layer.start}", policy=pol, prevent_cse=prevent_cse))
+        else:
+            regions.append(Region(layer.start, layer.stop, policy=pol, label=f"layer {k}: {pol}"))
+    return Plan(fingerprint=traced.fingerprint, n_eqns=len(traced.jaxpr.eqns), regions=tuple(regions),
+                scans=tuple(scans), argnums=traced.argnums, static_argnums=traced.static_argnums,
+                has_aux=traced.has_aux, meta=dict(meta or {}), values=_records(g, layers, policies),
+                structure=tuple(describe_eqn(e) for e in traced.jaxpr.eqns))
+
+
+def _saves(policy: str, eqn) -> bool:
+    """Whether JAX's `policy` saves the outputs of `eqn` (jax/_src/ad_checkpoint.py)."""
+    if policy == "everything_saveable":
+        return True
+    if policy == "nothing_saveable" or eqn.primitive.name != "dot_general":
+        return False
+    if "no_batch" in policy:
+        (_, _), (lhs_batch, rhs_batch) = eqn.params["dimension_numbers"]
+        return not lhs_batch and not rhs_batch
+    return True
+
+
+def _records(g: Graph, layers: Sequence[Layer], policies: Sequence[str | None]) -> dict[str, ValueRecord]:
+    """Per value produced at the top level of a layer (or in a scan layer's body) that the
+    policy saves or the backward pass reads: saved or recomputed under the layer's policy
+    (values inside nested calls are not listed)."""
+    out = {}
+    eqns = g.traced.jaxpr.eqns
+    for layer, pol in zip(layers, policies):
+        if pol is None:
+            continue
+        if layer.stop - layer.start == 1 and eqns[layer.start].primitive.name == "scan":
+            graph, prefix = g.ops[f"e{layer.start}"].bodies[0], f"e{layer.start}/body/"
+            body = eqns[layer.start].params["jaxpr"].jaxpr.eqns
+            where = [(k, e) for k, e in enumerate(body)]
+        else:
+            graph, prefix, where = g, "", [(k, eqns[k]) for k in range(layer.start, layer.stop)]
+        residual = set(graph.residual_values())
+        for k, eqn in where:
+            op = graph.ops.get(f"{prefix}e{k}")
+            for j in range(len(eqn.outvars)):
+                vid = f"{prefix}e{k}:{j}"
+                if op is not None and vid in graph.values and (vid in residual or _saves(pol, eqn)):
+                    info = graph.values[vid]
+                    out[vid] = ValueRecord(vid, "save" if _saves(pol, eqn) else "recompute", info.type_str,
+                                           info.nbytes, op.primitive, info.source, info.name,
+                                           float(op.cost.flops), op.multiplicity)
+    return out
+
+
+class HandSearch:
+    """The hand-written plans of one traced function.
+
+    `compile(plan, label)` is the caller's: it compiles a plan (once per process) and returns a
+    `HandPlan`.  `none` is the un-optimized step as a `HandPlan` (no region at all).
+    """
+
+    def __init__(self, g: Graph, layers: Sequence[Layer], compile: Callable[[Plan, str], HandPlan],
+                 none: HandPlan, say: Callable[[str], None], meta: dict | None = None):
+        self.g, self.traced, self.layers, self.compile, self.say = g, g.traced, tuple(layers), compile, say
+        self.meta = dict(meta or {})
+        self.points: dict[str | None, HandPlan] = {None: none}  # policy on every layer -> compiled
+
+    def plan(self, policies: Sequence[str | None], label: str, prevent_cse: bool = True) -> HandPlan:
+        return self.compile(layer_plan(self.g, self.layers, policies, meta=self.meta,
+                                       prevent_cse=prevent_cse), label)
+
+    def uniform(self) -> list[HandPlan]:
+        """Each of `HAND_POLICIES` on every layer, compiled (scans: with and without barriers)."""
+        n = len(self.layers)
+        scans = any(self.traced.jaxpr.eqns[la.start].primitive.name == "scan" for la in self.layers)
+        for pol in HAND_POLICIES:
+            for cse in (True, False) if scans else (True,):
+                label = f"{pol} per layer" + ("" if cse else " (scan bodies with prevent_cse=False)")
+                got = self.plan([pol] * n, label, prevent_cse=cse)
+                self.say(f"hand-written {label} ({n} layers): compiled {format_bytes(got.peak)}, "
+                         f"+{got.extra_flops / 1e9:.4g} GFLOP")
+                if pol not in self.points or got.peak < self.points[pol].peak:
+                    self.points[pol] = got
+        return [self.points[p] for p in HAND_POLICIES]
+
+    def mix(self, limit: int) -> HandPlan | None:
+        """The two-policy mix predicted to recompute least within `limit`, corrected by compiling;
+        None if no pair brackets the limit (a uniform plan is then the best hand plan)."""
+        n = len(self.layers)
+        fitting = [p.extra_flops for p in self.points.values() if p.peak <= limit]
+        best = None if not fitting else (min(fitting), None, None, 0)  # (predicted FLOPs, lean, fast, k)
+        for lean, a in self.points.items():
+            for fast, b in self.points.items():
+                if not (a.peak <= limit < b.peak and b.extra_flops < a.extra_flops):
+                    continue
+                k = min(n - 1, int((limit - a.peak) / (b.peak - a.peak) * n))
+                if k >= 1:
+                    pred = a.extra_flops + k / n * (b.extra_flops - a.extra_flops)
+                    if best is None or pred < best[0]:
+                        best = (pred, lean, fast, k)
+        if best is None or best[3] == 0:
+            return None  # no mix is predicted to beat the best uniform plan that fits
+        _, lean, fast, k = best
+        return self._settle(lean, fast, k, limit)
+
+    def _settle(self, lean, fast, k: int, limit: int) -> HandPlan | None:
+        """The largest layer count of `fast` near `k` that compiles within `limit`."""
+        n, fitting = len(self.layers), None
+        for _ in range(MAX_MIX_STEPS):
+            got = self.plan([lean] * (n - k) + [fast] * k, f"{n - k} layers {lean or 'no remat'}, "
+                            f"{k} layers {fast or 'no remat'}")
+            self.say(f"hand-written mix, {got.label}: compiled {format_bytes(got.peak)}")
+            if got.peak <= limit:
+                fitting = got
+                if k + 1 >= n:
+                    break
+                k += 1
+            else:
+                if fitting is not None or k <= 1:
+                    break
+                k -= 1
+        return fitting
+
+
