@@ -88,7 +88,7 @@ def find_layers(g: Graph, *, min_heavy: int = 1) -> tuple[Layer, ...]:
     heavy = np.array([is_heavy(op) for op in ops])
     cross = crossing_bytes(g)
     spans: list[tuple[int, int]] = []
-    _find_runs(tokens, heavy, cross, 0, len(ops), spans, min_heavy)
+    _find_runs(g, ops, tokens, heavy, cross, 0, len(ops), spans, min_heavy)
     for i, op in enumerate(ops):
         if op.primitive == "scan" and not any(a <= i < b for a, b in spans):
             spans.append((i, i + 1))
@@ -129,7 +129,7 @@ def _longest_runs(tokens: np.ndarray, lo: int, hi: int):
             yield p, lo + int(starts[k]), copies
 
 
-def _find_runs(tokens, heavy, cross, lo, hi, spans, min_heavy):
+def _find_runs(g, ops, tokens, heavy, cross, lo, hi, spans, min_heavy):
     """The best tandem repeat in [lo, hi) as layer spans, then the same left and right of it."""
     best = None
     for p, s, copies in _longest_runs(tokens, lo, hi):
@@ -145,9 +145,23 @@ def _find_runs(tokens, heavy, cross, lo, hi, spans, min_heavy):
     if best is None:
         return
     _, p, first, n_layers = best
+    first, n_layers = _extend(g, ops, first, p, n_layers, lo, hi)
     spans.extend((first + k * p, first + (k + 1) * p) for k in range(n_layers))
-    _find_runs(tokens, heavy, cross, lo, first, spans, min_heavy)
-    _find_runs(tokens, heavy, cross, first + n_layers * p, hi, spans, min_heavy)
+    _find_runs(g, ops, tokens, heavy, cross, lo, first, spans, min_heavy)
+    _find_runs(g, ops, tokens, heavy, cross, first + n_layers * p, hi, spans, min_heavy)
+
+
+def _extend(g, ops, first: int, p: int, n_layers: int, lo: int, hi: int) -> tuple[int, int]:
+    """One more layer at either end of a run where its equations hash like the run's: the first
+    and last layers read from and feed other equations than the middle ones, so their tokens
+    differ (a 24-layer GPT gave 23 layers without this), but their structure does not."""
+    key = _layer_hash(g, ops, first, first + p)
+    while first + (n_layers + 1) * p <= hi and _layer_hash(g, ops, first + n_layers * p,
+                                                           first + (n_layers + 1) * p) == key:
+        n_layers += 1
+    while first - p >= lo and _layer_hash(g, ops, first - p, first) == key:
+        first, n_layers = first - p, n_layers + 1
+    return first, n_layers
 
 
 def _layer_hash(g: Graph, ops: list[OpInfo], a: int, b: int) -> str:
