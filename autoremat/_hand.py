@@ -14,8 +14,8 @@ compiled plan that recomputes the fewest FLOPs.
   policy and the rest under the leaner one; `k` from the line through the two compiled peaks,
   then corrected by compiling (the peak grows with `k`, one layer's stored bytes at a time).
 
-FLOPs are counted on the step's jaxpr (`CompiledStats.jaxpr_flops`: recomputation included,
-scan bodies times their trip count), relative to the un-optimized step.
+FLOPs are the matmul FLOPs of the step's jaxpr (`CompiledStats.matmul_flops`: recomputation
+included, scan bodies times their trip count), relative to the un-optimized step.
 """
 
 from __future__ import annotations
@@ -33,15 +33,16 @@ __all__ = ["HAND_POLICIES", "HandPlan", "HandSearch", "layer_plan"]
 
 # JAX's built-in policies a person applies per layer, leanest first.
 HAND_POLICIES = ("nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_saveable")
-# Compiles spent correcting a mix's layer count: the line through two policies' peaks was off
-# by at most one layer on the 16-layer 1B decoder (benchmarks/results/realscale.md), so two
-# corrections settle it; the cap bounds the cost where it is not linear.
-MAX_MIX_STEPS = 3
+# Compiles spent finding a mix's layer count.  The peak is not linear in it: on the 18-layer
+# 1B decoder (benchmarks/realscale.py) the line through nothing_saveable's and
+# dots_with_no_batch_dims_saveable's peaks gave 0.22 GiB per layer, the compiled mixes 0.28;
+# secant steps then a bisection settle 18 layers within 5 compiles (log2 18 < 5).
+MAX_MIX_STEPS = 5
 
 
 @dataclass(frozen=True)
 class HandPlan:
-    """A compiled hand-written plan: its label, plan, compiled peak and extra FLOPs."""
+    """A compiled hand-written plan: its label, plan, compiled peak and extra matmul FLOPs."""
 
     label: str
     plan: Plan
@@ -162,21 +163,30 @@ class HandSearch:
         return self._settle(lean, fast, k, limit)
 
     def _settle(self, lean, fast, k: int, limit: int) -> HandPlan | None:
-        """The largest layer count of `fast` near `k` that compiles within `limit`."""
-        n, fitting = len(self.layers), None
+        """The largest count of `fast` layers that compiles within `limit`, from the line's `k`:
+        a secant step on the compiled peaks (peak per layer of `fast`) while it fits, a bisection
+        once one count fits and a larger one does not."""
+        n = len(self.layers)
+        peaks = {0: self.points[lean].peak, n: self.points[fast].peak}
+        fit, over, best = 0, n, None  # largest count known to fit, smallest known over
         for _ in range(MAX_MIX_STEPS):
             got = self.plan([lean] * (n - k) + [fast] * k, f"{n - k} layers {lean or 'no remat'}, "
                             f"{k} layers {fast or 'no remat'}")
             self.say(f"hand-written mix, {got.label}: compiled {format_bytes(got.peak)}")
+            peaks[k] = got.peak
             if got.peak <= limit:
-                fitting = got
-                if k + 1 >= n:
-                    break
-                k += 1
+                fit, best = k, got
             else:
-                if fitting is not None or k <= 1:
-                    break
-                k -= 1
-        return fitting
+                over = k
+            if over - fit <= 1:
+                break
+            k = _next_count(peaks, fit, over, limit)
+        return best
 
 
+def _next_count(peaks: dict, fit: int, over: int, limit: int) -> int:
+    """The next layer count to compile, strictly between `fit` and `over`: where the line
+    through the two compiled peaks nearest the limit crosses it."""
+    lo, hi = peaks[fit], peaks[over]
+    guess = fit + int((limit - lo) / max(hi - lo, 1) * (over - fit))
+    return min(over - 1, max(fit + 1, guess))

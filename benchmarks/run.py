@@ -39,7 +39,7 @@ import jax  # noqa: E402
 import jaxlib  # noqa: E402
 
 import autoremat  # noqa: E402
-from autoremat import _optimize  # noqa: E402
+from autoremat import _optimize, _search  # noqa: E402
 from autoremat._errors import InfeasibleBudgetError  # noqa: E402
 from autoremat.examples import MAXTEXT_PRESETS, SIZES, get_example  # noqa: E402
 from autoremat.graph._graph import build_graph  # noqa: E402
@@ -125,12 +125,12 @@ def say(msg: str) -> None:
 
 
 class SolveTimer:
-    """Wraps `_optimize.solve` to add up the solver time of each `plan_for` call (all rounds)."""
+    """Wraps `_search.solve` to add up the solver time of each `plan_for` call (all rounds)."""
 
     def __init__(self):
         self.total = 0.0
         self.calls = 0
-        self._solve = _optimize.solve
+        self._solve = _search.solve
 
     def __enter__(self):
         def timed(*a, **kw):
@@ -141,11 +141,11 @@ class SolveTimer:
                 self.total += time.perf_counter() - t0
                 self.calls += 1
 
-        _optimize.solve = timed
+        _search.solve = timed
         return self
 
     def __exit__(self, *exc):
-        _optimize.solve = self._solve
+        _search.solve = self._solve
 
 
 def plan_recompute_flops(segments) -> float:

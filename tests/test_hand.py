@@ -62,3 +62,14 @@ def test_a_policy_plan_exports_as_plain_checkpoint_calls():
     compile(code, "exported.py", "exec")
     assert "import autoremat" not in code and "autoremat.apply" not in code and "checkpoint_name" not in code
     assert code.count("policy=cp.nothing_saveable") == 2 and code.count("policy=cp.dots_saveable") == len(layers) - 2
+
+
+def test_the_summary_says_what_the_plan_beat():
+    """`plan.summary()` lists the hand-written plans compiled beside the chosen one (issue 17)."""
+    from autoremat._optimize import plan_for
+
+    ex = examples.get_example("mlp_chain")
+    none = compiled_stats(ex.fn, *ex.args).peak_bytes
+    text = plan_for(ex.fn, int(0.8 * none), ex.args).plan.summary()
+    assert "found by:" in text and "hand-written plans compiled for comparison" in text
+    assert "nothing_saveable per layer:" in text and "dots_saveable per layer:" in text

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from autoremat import _optimize, examples
+from autoremat import _optimize, _search, examples
 from autoremat.graph import build_graph
 from autoremat.runtime import compiled_stats
 from autoremat.solver import _blocks, _chain_model, _peak_model, _recompute, _region_options
@@ -258,7 +258,7 @@ def _xla_extra_flops(small_scan, *names):
 
 def _modelled_flops(small_scan, kind):
     """Recompute FLOPs the model gives option `kind` on the small scan's body alone."""
-    return _optimize._recompute_flops(small_scan[1].uniform(kind, scans_only=True))
+    return _search._recompute_flops(small_scan[1].uniform(kind, scans_only=True))
 
 
 @pytest.mark.parametrize("tag", ["out_proj", "query_proj"])

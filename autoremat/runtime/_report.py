@@ -1,4 +1,4 @@
-"""Readable text for plans: the decision table with totals."""
+"""Readable text for plans: why this plan, the decision table with totals."""
 
 from __future__ import annotations
 
@@ -23,14 +23,17 @@ def plan_summary(plan, max_rows: int = 40) -> str:
     if plan.estimated_extra_time is not None:
         lines.append(f"estimated extra time {plan.estimated_extra_time * 1e3:.3f} ms per step "
                      f"(profile {plan.meta.get('profile', '?')})")
+    lines.extend(_why(plan))
     lines.append(f"regions: {len(plan.regions)}  scan bodies: {len(plan.scans)}")
     for r in plan.regions[:12]:
-        lines.append(f"  checkpoint eqns [{r.start}, {r.stop}): {len(r.saved)} saved, {len(r.offloaded)} offloaded"
-                     + (f"  ({r.label})" if r.label else ""))
+        what = f"jax.checkpoint(policy={r.policy})" if r.policy else f"{len(r.saved)} saved, {len(r.offloaded)} offloaded"
+        lines.append(f"  checkpoint eqns [{r.start}, {r.stop}): {what}" + (f"  ({r.label})" if r.label else ""))
     if len(plan.regions) > 12:
         lines.append(f"  ... {len(plan.regions) - 12} more regions")
     for s in plan.scans:
-        lines.append(f"  scan {s.op}: body checkpointed, {len(s.saved)} saved, {len(s.offloaded)} offloaded")
+        what = (f"jax.checkpoint(policy={s.policy}, prevent_cse={s.prevent_cse})" if s.policy
+                else f"{len(s.saved)} saved, {len(s.offloaded)} offloaded")
+        lines.append(f"  scan {s.op}: body checkpointed, {what}")
     rows = sorted(plan.values.values(), key=lambda r: (-r.nbytes * r.multiplicity, r.id))
     header = f"{'value':<18} {'decision':<9} {'type':<22} {'bytes':>11} {'primitive':<16} {'name':<12} source"
     lines.append("")
@@ -46,3 +49,23 @@ def plan_summary(plan, max_rows: int = 40) -> str:
     lines.append("-" * len(header))
     lines.append("totals: " + ", ".join(f"{k} {format_bytes(v)}" for k, v in totals.items()))
     return "\n".join(lines)
+
+
+def _why(plan) -> list[str]:
+    """Why this plan: how it was found, and the hand-written plans compiled beside it, each
+    with its compiled peak and the FLOPs it recomputes (what the plan beat, measured)."""
+    lines = []
+    if plan.meta.get("found_by"):
+        extra, mm = plan.meta.get("extra_flops"), plan.meta.get("extra_matmul_flops")
+        lines.append(f"found by: {plan.meta['found_by']}"
+                     + (f"; recomputes {extra / 1e9:.4g} GFLOP per step" if extra is not None else "")
+                     + (f" ({mm / 1e9:.4g} in matmuls)" if mm is not None else ""))
+    cands = plan.meta.get("hand_candidates") or []
+    if cands:
+        budget = plan.budget
+        lines.append("hand-written plans compiled for comparison (peak, extra GFLOP in all / in matmuls):")
+        for c in sorted(cands, key=lambda c: c["compiled_peak"]):
+            fits = "" if budget is None else ("  fits" if c["compiled_peak"] <= budget else "  over budget")
+            lines.append(f"  {c['label']}: {format_bytes(c['compiled_peak'])}, +{c['extra_flops'] / 1e9:.4g} / "
+                         f"+{c.get('extra_matmul_flops', 0.0) / 1e9:.4g}{fits}")
+    return lines

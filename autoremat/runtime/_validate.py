@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import jax
 
 from autoremat._xla import cpu_flags_active
-from autoremat.graph._costs import jaxpr_cost
+from autoremat.graph._costs import jaxpr_cost, jaxpr_matmul_flops
 from autoremat.runtime._plan import Plan
 
 __all__ = ["CompiledStats", "ValidationReport", "compiled_stats", "validate"]
@@ -38,8 +38,10 @@ class CompiledStats:
     backend: str = ""
     compile_time: float = 0.0
     # FLOPs of the step's jaxpr (`graph.jaxpr_cost`: scan bodies times their trip count,
-    # recomputation included), where XLA's `flops` counts a scan body once.
+    # recomputation included), where XLA's `flops` counts a scan body once; and of its
+    # matmuls and convolutions alone (`graph.jaxpr_matmul_flops`).
     jaxpr_flops: float | None = None
+    matmul_flops: float | None = None
 
 
 def _value_and_grad(f, argnums, has_aux):
@@ -64,7 +66,7 @@ def compiled_stats(fn, *args, argnums=0, static_argnums=(), has_aux=False, n_ste
     step = jax.jit(_value_and_grad(fn, argnums, has_aux), static_argnums=static_argnums)
     t0 = time.perf_counter()
     staged = step.trace(*args, **kwargs)
-    jaxpr_flops = jaxpr_cost(staged.jaxpr).flops
+    jaxpr_flops, matmul_flops = jaxpr_cost(staged.jaxpr).flops, jaxpr_matmul_flops(staged.jaxpr)
     compiled = staged.lower().compile()
     compile_time = time.perf_counter() - t0
     m = compiled.memory_analysis()
@@ -92,7 +94,7 @@ def compiled_stats(fn, *args, argnums=0, static_argnums=(), has_aux=False, n_ste
     return CompiledStats(arg + out + temp - alias, arg, out, temp, alias, host,
                          int(xla_peak) if xla_peak is not None else None, flops,
                          statistics.median(times) if times else None, tuple(times), backend, compile_time,
-                         jaxpr_flops)
+                         jaxpr_flops, matmul_flops)
 
 
 @dataclass(frozen=True)

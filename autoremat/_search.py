@@ -1,0 +1,524 @@
+"""The plan search behind `optimize`: candidates, compiled, and the one that recomputes least.
+
+`PlanSearch.run` goes through these phases (each a short method):
+
+1. **hand-written plans** (`hand_plans`, `autoremat/_hand.py`): JAX's built-in policies on every
+   layer `graph.find_layers` found, and the best two-policy mix for the budget, compiled.  They
+   bound the answer: it never recomputes more than the best of them that fits.
+2. **offload probe** (`probe_offload`): off the CPU, whether offloading lowers the compiled peak
+   at all on this backend; planning goes on without it if not.
+3. **solver rounds** (`solver_rounds`): the chain solver's plan for a target, compiled; the
+   target moves with what XLA said (down after an overshoot, up into unused memory).  A plan
+   the model says recomputes at least what the best compiled plan does is not compiled.
+4. **policy checks** (`policy_checks`): JAX's policies per block in the model's terms, and
+   faster uniform plans the model may have over-predicted, compiled where they could win.
+5. **fallback** (`fallback`): only when nothing compiled fits: compile-verified uniform plans for
+   each way of cutting the chain into blocks.
+6. **choose** (`finish`): of every plan compiled in this process for this signature that fits,
+   the one that recomputes the fewest FLOPs (counted on the compiled step's jaxpr); so a looser
+   budget never recomputes more (every plan compiled for a tighter one is a candidate).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
+
+import jax
+
+from autoremat._bridge import to_plan
+from autoremat._errors import InfeasibleBudgetError
+from autoremat._hand import HandPlan, HandSearch
+from autoremat._units import format_bytes
+from autoremat.graph._graph import Graph
+from autoremat.runtime._apply import apply
+from autoremat.runtime._plan import Plan
+from autoremat.runtime._validate import compiled_stats
+from autoremat.solver._chain import evaluate, lowest_peak_segments
+from autoremat.solver._chain_model import ChainModel, build_chain_model
+from autoremat.solver._solve import solve
+
+__all__ = ["PlanSearch", "Planned", "ACCELERATOR_SAFETY"]
+
+# On GPU/TPU two compiles of the same program can differ in temp memory (autotuned GEMM/conv
+# algorithms bring their own workspace): measured on an H100 (jax 0.11.2, docs/FINDINGS.md),
+# one plan of the small transformer compiled to 45.30 and 46.29 MiB (+2.2%) in one process,
+# with the same arguments.  Plans must fit this fraction below the budget there.
+ACCELERATOR_SAFETY = 0.025
+# When a compiled plan leaves more than RAISE_SLACK of the budget unused (the model
+# over-predicted), the solver is asked again with the target raised by the unused part; if
+# that overshoots, the target is bisected between the last fitting and the overshooting one
+# (at most MAX_RAISES extra compiles in all).
+RAISE_SLACK = 0.02
+MAX_RAISES = 4
+# After the solver's plan, at most MAX_UNIFORM_CHECKS faster uniform plans predicted within
+# UNIFORM_REACH x the budget are compiled in case the model over-predicted them.
+MAX_UNIFORM_CHECKS = 4
+UNIFORM_REACH = 1.3
+UNIFORM_NEAR = 1.1
+# The option kinds that are JAX's built-in policies (nothing_saveable, dots_saveable,
+# dots_with_no_batch_dims_saveable) applied per block or to a scan body; one of them
+# replaces the solver's plan if it recomputes fewer FLOPs, is estimated at most this much
+# slower, and compiles within the budget.
+POLICY_KINDS = ("ckpt:recompute", "ckpt:save:dots", "ckpt:save:dots_no_batch")
+POLICY_TOLERANCE = 0.10
+# Plans already compiled in this process: (function signature, plan key) -> _Compiled.  Every
+# plan that fits is a candidate at every later budget of the same signature, and the answer is
+# the fitting one that recomputes the fewest FLOPs (counted on the step's jaxpr), so a looser
+# budget never returns a plan that recomputes more than one already compiled within it (issue
+# 15: on a 6-layer stack 6,350,081 B gave 1.383e9 FLOPs where 5,767,572 B gave 1.350e9), and
+# the hand-written plans (`autoremat._hand`) bound the answer (issue 14).
+_COMPILED: dict = {}
+
+
+class _Compiled(NamedTuple):
+    peak: int
+    extra: float  # the model's estimated extra time (0 for hand-written plans: not modelled)
+    flops: float  # the model's recomputed FLOPs
+    plan: Plan
+    measured: float  # extra FLOPs of the compiled step's jaxpr over the un-optimized one
+    matmul: float  # ... of its matmuls and convolutions alone
+
+    @property
+    def rank(self) -> tuple:
+        """Matmul FLOPs first: the equations around them change with how a step was staged
+        (at 1B, dots_saveable per layer as a plan: +34.27 GFLOP in all, written by hand:
+        +33.74; the matmuls and the compiled peak were the same)."""
+        return (self.matmul, self.measured, self.extra, self.peak)
+
+
+@dataclass
+class Planned:
+    plan: Plan
+    traced: object
+    model: ChainModel
+    baseline_peak: int | None
+    history: list
+
+
+@dataclass
+class PlanSearch:
+    """The search for one signature and budget (see the module docstring)."""
+
+    fn: object
+    g: Graph
+    model: ChainModel
+    args: tuple
+    kwargs: dict
+    stats_kw: dict
+    budget: int
+    meta: dict
+    say: object
+    layers: tuple = ()
+    baseline_peak: int | None = None
+    none_flops: tuple = (0.0, 0.0)  # the un-optimized step's jaxpr FLOPs: all, matmuls
+    offload: bool = False
+    profile_name: str = "cpu"
+    solver: str = "auto"
+    time_limit: float | None = None
+    validate: bool = True
+    max_rounds: int = 4
+    max_candidates: int = 8
+    block_cache: dict = field(default_factory=dict)
+    tried: dict = field(default_factory=dict)
+    history: list = field(default_factory=list)
+
+    def __post_init__(self):
+        # What a compiled peak must not exceed: the budget, less a safety margin off the CPU.
+        cpu = jax.default_backend() == "cpu"
+        self.limit = self.budget if cpu else int(self.budget * (1 - ACCELERATOR_SAFETY))
+        t = self.g.traced
+        self.sig = (t.fingerprint, str(t.in_avals), self.model.none_scale)
+
+    def run(self) -> Planned:
+        if self.validate:
+            self.hand_plans()
+            self.probe_offload()
+        best = self.solver_rounds()
+        if isinstance(best, Planned):  # validate=False: the solver's plan, not compiled
+            return best
+        if best is not None:
+            best = self.policy_checks(best)
+            return self.accept(best[1], best[2], best[3])
+        known = _best_compiled(self.sig, self.limit)
+        if known is not None:  # a hand-written plan (or one compiled for another budget) fits: done
+            return self.finish(known)
+        return self.fallback()
+
+    # -- compiling -------------------------------------------------------------------------
+    def compile_once(self, key, plan: Plan, extra: float, flops: float) -> _Compiled:
+        if (self.sig, key) not in _COMPILED:
+            st = compiled_stats(apply(self.fn, plan), *self.args, **self.stats_kw, **self.kwargs)
+            _COMPILED[(self.sig, key)] = _Compiled(st.peak_bytes, extra, flops, plan, st.jaxpr_flops - self.none_flops[0],
+                                                   st.matmul_flops - self.none_flops[1])
+        self.tried[key] = _COMPILED[(self.sig, key)].peak
+        return _COMPILED[(self.sig, key)]
+
+    def compile_peak(self, segments, how: str = "", result=None) -> int:
+        """The compiled peak of the plan of `segments` (compiled once per process)."""
+        m = self.model
+        # Equation ranges, not block indices: the block variants index blocks differently.
+        key = tuple((m.blocks[sg.start].start, m.blocks[sg.stop - 1].stop, sg.option.name) for sg in segments)
+        if key not in self.tried:
+            p = to_plan(m, segments, budget=self.budget, result=result, meta={**self.meta, "found_by": how})
+            peak, extra = evaluate(m.raw_problem, segments)
+            self.compile_once(key, replace(p, predicted_peak=peak, estimated_extra_time=extra), extra,
+                              _recompute_flops(segments))
+        return self.tried[key]
+
+    def compile_hand(self, plan: Plan, label: str) -> HandPlan:
+        plan = replace(plan, budget=self.budget, meta={**plan.meta, "found_by": label})
+        c = self.compile_once(("hand", label), plan, 0.0, 0.0)
+        return HandPlan(label, c.plan, c.peak, c.matmul)
+
+    def can_win(self, segments, quiet: bool = False) -> bool:
+        """Whether a plan may recompute fewer FLOPs than the best fitting plan compiled so far
+        (the model's recomputed FLOPs against the compiled one's, counted by the same cost
+        rules; on the small transformer 0.800 vs 0.797 GFLOP for one plan); a plan that cannot
+        is not compiled: at 1B parameters each compile takes 5-7 s."""
+        known = _best_compiled(self.sig, self.limit)
+        if known is None or _recompute_flops(segments) < known.measured:
+            return True
+        if not quiet:
+            self.say(f"  (a plan recomputing {_recompute_flops(segments) / 1e9:.4g} GFLOP cannot beat the compiled "
+                     f"{known.plan.meta.get('found_by', 'plan')}, +{known.measured / 1e9:.4g} GFLOP: not compiled)")
+        return False
+
+    # -- phases ----------------------------------------------------------------------------
+    def hand_plans(self) -> None:
+        """Phase 1: JAX's policies per layer and the best two-policy mix, compiled."""
+        if not self.layers:
+            return
+        none = HandPlan("no remat", None, self.baseline_peak, 0.0)
+        hand = HandSearch(self.g, self.layers, self.compile_hand, none, self.say, self.meta)
+        hand.uniform()
+        hand.mix(self.limit)
+
+    def probe_offload(self) -> None:
+        """Phase 2: does offloading lower XLA's compiled peak here?  Compare the per-block plan
+        that offloads the matmul outputs with the one that keeps them on the device.  Measured
+        on an H100 with jax 0.11.2 (docs/FINDINGS.md): it does not; XLA keeps device buffers
+        for the transfers and the offloading plans compiled above their device-only twins,
+        some above no remat.  Plans that offload would only waste rounds there."""
+        if not self.offload:
+            return
+        m = self.model
+        dev, off = m.uniform("ckpt:save:dots", 1), m.uniform("ckpt:save:dots+offload", 1)
+        if dev is None or off is None:
+            return
+        peak_dev, peak_off = self.compile_peak(dev), self.compile_peak(off)
+        if peak_off >= peak_dev:
+            self.say(f"offloading does not lower the compiled peak on this backend (matmul outputs offloaded "
+                     f"per block: {format_bytes(peak_off)}, kept: {format_bytes(peak_dev)}); planning without "
+                     f"offload")
+            self.offload = False
+            self.meta["offload"] = (f"disabled: offloading per block compiled to {format_bytes(peak_off)}, "
+                                    f"not below {format_bytes(peak_dev)} without it")
+            self.model = build_chain_model(self.g, offload=False, none_scale=m.none_scale,
+                                           block_cache=self.block_cache)
+
+    def solver_rounds(self):
+        """Phase 3: (estimated time, segments, result, how) of the fastest solver plan that
+        compiled within the budget, or None; with validate=False, the uncompiled `Planned`."""
+        best, target = None, self.budget
+        steer = _Steer(self.limit, self.budget)
+        for rnd in range(self.max_rounds + MAX_RAISES):
+            if rnd >= self.max_rounds + steer.raised:
+                break
+            try:
+                result = solve(self.model.problem, target, method=self.solver, time_limit=self.time_limit)
+            except InfeasibleBudgetError as e:
+                if best is None and rnd == 0 and not self.validate:
+                    raise self._infeasible_unvalidated(e) from None
+                break
+            self.say(f"round {rnd + 1}: solver {result.solver} ({result.status}, {result.solve_time:.2f}s) predicts "
+                     f"{format_bytes(result.peak_bytes)}, +{result.objective * 1e3:.3g} ms, "
+                     f"+{_recompute_flops(result.segments) / 1e9:.4g} GFLOP")
+            if not self.validate:
+                return self._unvalidated(result)
+            if not self.can_win(result.segments):
+                break
+            same = next((h["round"] for h in self.history if h["segments"] == result.segments), None)
+            compiled = self.compile_peak(result.segments, f"solver round {rnd + 1}", result)
+            self.history.append({"round": rnd + 1, "target": target, "predicted": result.peak_bytes,
+                                 "compiled": compiled, "segments": result.segments})
+            self.say(f"round {rnd + 1}: " + (f"the plan of round {same} again" if same else "compiled peak")
+                     + f" {format_bytes(compiled)} ({'fits' if compiled <= self.limit else 'over budget'})")
+            if compiled <= self.limit and (best is None or result.objective < best[0]):
+                best = (result.objective, result.segments, result, f"solver round {rnd + 1}")
+            target = steer.next(target, compiled, result.objective, best is not None, self.history)
+            if target is None:
+                break
+        return best
+
+    def policy_checks(self, best):
+        """Phase 4: JAX's policies per block in the model's terms, where the time model cannot
+        tell them from the solver's plan: one that recomputes fewer FLOPs, estimated at most
+        POLICY_TOLERANCE slower (or faster), and compiles within the budget wins.  Then uniform
+        plans (one option kind per block) that the model says are faster but over budget: the
+        model over-predicts plans that save much.  The ones likeliest to fit are compiled first
+        (lowest predicted peak), each time among those faster than the best so far and either
+        faster than the solver's plan by more than POLICY_TOLERANCE or recomputing no more
+        FLOPs (so a policy chosen for its FLOPs is not traded back for an estimate within the
+        tolerance)."""
+        cands = _uniform_candidates(self.model)
+        best_flops, solver_extra = _recompute_flops(best[1]), best[0]
+        for c in sorted((c for c in cands if c.is_policy), key=lambda c: c.flops):
+            if (c.flops >= best_flops or c.extra > best[0] * (1 + POLICY_TOLERANCE)
+                    or c.peak > UNIFORM_REACH * self.budget or not self.can_win(c.segs, quiet=True)):
+                continue
+            if self.compile_peak(c.segs, c.label) <= self.limit:
+                self.say(f"{c.label} recomputes fewer FLOPs at about the same estimated time and compiles "
+                         f"within the budget")
+                best = (c.extra, c.segs, None, f"{c.label}, blocks merged next")
+                break
+        failed: set = set()
+        for _ in range(MAX_UNIFORM_CHECKS):
+            best_flops = _recompute_flops(best[1])
+            pool = [c for c in cands
+                    if c.segs != best[1] and c.segs not in failed and c.peak <= UNIFORM_REACH * self.budget
+                    and c.extra < best[0] and (c.extra * (1 + POLICY_TOLERANCE) < min(best[0], solver_extra)
+                                               or c.flops <= best_flops)]
+            if not pool:
+                break
+            c = min(pool, key=lambda c: (c.peak, c.extra))
+            if self.can_win(c.segs, quiet=True) and self.compile_peak(c.segs, c.label) <= self.limit:
+                self.say(f"{c.label} is faster and compiles within the budget")
+                best = (c.extra, c.segs, None, f"{c.label}, blocks merged next")
+            else:
+                failed.add(c.segs)
+        return best
+
+    def fallback(self) -> Planned:
+        """Phase 5, when nothing compiled fits: compile-verified candidates for each way of
+        cutting the chain into blocks (activations opening the next layer, closing their layer,
+        no merging at all): the solver's plan for the budget; uniform plans (`_fallback_pool`);
+        and the plan of lowest predicted peak.  Raises InfeasibleBudgetError if none fits."""
+        for variant, m in _variants(self.g, self.model, self.offload, self.say, self.block_cache):
+            if m is not self.model:
+                self.model = m
+                try:
+                    result = solve(m.problem, self.budget, method=self.solver, time_limit=self.time_limit)
+                    how = f"solver, blocks merged {variant}"
+                    if self.compile_peak(result.segments, how, result) <= self.limit:
+                        return self.accept(result.segments, result, how)
+                except InfeasibleBudgetError:
+                    pass
+            if variant != "none":
+                chosen = self._fallback_pool(variant)
+                for k, c in enumerate(chosen):
+                    self.say(f"  compiling {k + 1}/{len(chosen)}: {c.label}")
+                    peak = self.compile_peak(c.segs, f"{c.label}, blocks merged {variant}")
+                    if peak <= self.limit:
+                        self.say(f"{c.label}: compiled {format_bytes(peak)} fits")
+                        return self.accept(c.segs, None, f"{c.label}, blocks merged {variant}")
+            low = lowest_peak_segments(self.model.problem)
+            how = f"lowest predicted peak, blocks merged {variant}"
+            if self.can_win(low) and self.compile_peak(low, how) <= self.limit:
+                return self.accept(low, None, how)
+        known = _best_compiled(self.sig, self.limit)
+        if known is not None:  # compiled for another budget of this signature, and fits this one
+            return self.finish(known)
+        raise self._infeasible()
+
+    def _fallback_pool(self, variant: str) -> list:
+        """Fastest first, among those predicted within UNIFORM_REACH of the budget (the rest
+        are hopeless and, on scans, crowd out the rest: 21 ILP caps), the ones predicted within
+        UNIFORM_NEAR taken first; JAX's built-in policies per block, per layer or on the scan
+        bodies, the user's checkpoint_name tags saved alone and the all-recompute ones are
+        always among them (on the small scan transformer the eight fastest were all ILP sets
+        over budget, and all-recompute won over dots_with_no_batch_dims_saveable, which
+        fitted)."""
+        cands = _uniform_candidates(self.model)
+        reach = [c for c in cands if c.peak <= UNIFORM_REACH * self.budget]
+        chosen = ([c for c in reach if c.peak <= UNIFORM_NEAR * self.budget]
+                  + [c for c in reach if c.peak > UNIFORM_NEAR * self.budget])[:self.max_candidates]
+        chosen += [c for c in cands if c not in chosen and (
+            c.kind.endswith("recompute") or c.kind.startswith("scan:save:name:") or c.is_policy)]
+        chosen.sort(key=lambda c: c.extra)
+        self.say(f"the model and XLA disagree; trying {len(chosen)} compile-verified uniform plans (blocks merged "
+                 f"{variant})")
+        return [c for c in chosen if self.can_win(c.segs, quiet=True)]
+
+    # -- answers ---------------------------------------------------------------------------
+    def accept(self, segments, result, how) -> Planned:
+        self.compile_peak(segments, how, result)
+        return self.finish(_best_compiled(self.sig, self.limit))
+
+    def finish(self, best: _Compiled) -> Planned:
+        """Phase 6: the fitting plan compiled in this process for this signature that recomputes least."""
+        how = best.plan.meta.get("found_by", "")
+        self.say(f"chosen: {how or 'the solver'}: compiled {format_bytes(best.peak)}, "
+                 f"+{best.measured / 1e9:.4g} GFLOP recomputed ({best.matmul / 1e9:.4g} in matmuls)"
+                 + (f" (model: {best.flops / 1e9:.4g})" if best.flops else ""))
+        plan = replace(best.plan, budget=self.budget, meta={
+            **best.plan.meta, **self.meta, "compiled_peak": best.peak, "rounds": _rounds(self.history),
+            "found_by": how, "extra_flops": best.measured, "extra_matmul_flops": best.matmul,
+            "hand_candidates": _hand_table(self.sig)})
+        return Planned(plan, self.g.traced, self.model, self.baseline_peak, self.history)
+
+    def _unvalidated(self, result) -> Planned:
+        plan = to_plan(self.model, result.segments, budget=self.budget, result=result, meta=self.meta)
+        warnings.warn(
+            f"autoremat: plan for {self.meta['function']} predicts {format_bytes(result.peak_bytes)} for the budget "
+            f"{format_bytes(self.budget)} but was NOT compiled to check it (validate=False)", stacklevel=6)
+        return Planned(plan, self.g.traced, self.model, self.baseline_peak, self.history)
+
+    def _infeasible_unvalidated(self, e) -> InfeasibleBudgetError:
+        return InfeasibleBudgetError(
+            f"budget {format_bytes(self.budget)} is below the lowest peak autoremat's model predicts for "
+            f"{self.meta['function']}, {format_bytes(e.lowest)} (a prediction: validate=False compiled no "
+            f"plan); raise the budget to at least {format_bytes(e.lowest)}, or plan with validate=True "
+            f"for compiled figures" + self._offload_hint(), budget=self.budget, lowest=e.lowest)
+
+    def _infeasible(self) -> InfeasibleBudgetError:
+        lowest = min(self.tried.values())
+        need = lowest if self.limit == self.budget else -(-lowest * self.budget // self.limit)
+        margin = ("" if self.limit == self.budget else
+                  f" (off the CPU a plan must compile {ACCELERATOR_SAFETY:.1%} below the budget, because two "
+                  f"compiles of one program can differ by that much)")
+        return InfeasibleBudgetError(
+            f"budget {format_bytes(self.budget)} is below what autoremat could reach for {self.meta['function']}: "
+            f"the lowest compiled peak it found is {format_bytes(lowest)}{margin}; raise the budget to at least "
+            f"{format_bytes(need)}" + self._offload_hint(), budget=self.budget, lowest=need)
+
+    def _offload_hint(self) -> str:
+        """Suggest offload only where it can help: off, not on the CPU (host memory is device
+        memory there), and not already found useless by the probe."""
+        if self.offload or self.profile_name == "cpu" or "offload" in self.meta:
+            return ""
+        return " or enable offload (offload=True)"
+
+
+class _Steer:
+    """Where the solver's next target goes after a compile (phase 3)."""
+
+    def __init__(self, limit: int, budget: int):
+        self.limit, self.budget = limit, budget
+        self.raised, self.fit_target, self.over_target = 0, 0, None
+
+    def next(self, target: int, compiled: int, objective: float, have_fit: bool, history: list) -> int | None:
+        limit = self.limit
+        if compiled <= limit:
+            # The model over-predicted: the compiled plan leaves memory unused.  Ask the
+            # solver for a plan predicted up to that much higher (a few times at most); the
+            # fastest plan that compiles within the budget wins.
+            slack = limit - compiled
+            self.fit_target = max(self.fit_target, target)
+            if self.raised >= MAX_RAISES or slack <= RAISE_SLACK * limit or objective <= 0:
+                return None
+            over = self.over_target
+            nxt = target + slack if over is None else (self.fit_target + over) // 2
+            if nxt <= target or (over is not None and over - self.fit_target <= RAISE_SLACK * limit):
+                return None
+            self.raised += 1
+            return nxt
+        if have_fit:
+            # A raised target overshot: bisect between the highest target that fitted and it.
+            self.over_target = target if self.over_target is None else min(self.over_target, target)
+            if self.raised >= MAX_RAISES or self.over_target - self.fit_target <= RAISE_SLACK * limit:
+                return None
+            self.raised += 1
+            return (self.fit_target + self.over_target) // 2
+        return self._step_down(target, compiled, history)
+
+    def _step_down(self, target: int, compiled: int, history: list) -> int | None:
+        """The model under-predicted: ask the solver for less.  After two over-budget rounds,
+        follow the line through them (the model's error often grows as plans get lower, and
+        stepping down by the overshoot alone then takes many rounds); else step down by the
+        overshoot."""
+        limit = self.limit
+        over = [h for h in history if h["compiled"] > limit]
+        step = target - (compiled - limit) - max(1, self.budget // 200)
+        if len(over) >= 2 and over[-2]["predicted"] != over[-1]["predicted"]:
+            (p1, c1), (p2, c2) = ((h["predicted"], h["compiled"]) for h in over[-2:])
+            slope = (c2 - c1) / (p2 - p1)
+            if slope > 0.05:
+                step = min(step, int(p2 - (c2 - limit) / slope) - max(1, self.budget // 200))
+        return step if step > 0 else None
+
+
+def _rounds(history: list) -> list:
+    """The solver rounds as plan metadata (without their segments)."""
+    return [{k: v for k, v in h.items() if k != "segments"} for h in history]
+
+
+def _best_compiled(sig, limit: int) -> _Compiled | None:
+    """The plan compiled in this process for `sig` that fits `limit` and recomputes the fewest
+    FLOPs (then: estimated fastest, lowest peak)."""
+    fits = [c for (s, _), c in _COMPILED.items() if s == sig and c.peak <= limit]
+    return min(fits, key=lambda c: c.rank, default=None)
+
+
+def _hand_table(sig) -> list[dict]:
+    """The hand-written plans compiled for `sig`: label, compiled peak, extra FLOPs."""
+    return [{"label": key[1], "compiled_peak": c.peak, "extra_flops": c.measured, "extra_matmul_flops": c.matmul}
+            for (s, key), c in _COMPILED.items() if s == sig and key and key[0] == "hand"]
+
+
+def _variants(g, model: ChainModel, offload: bool, say, block_cache: dict):
+    """The model as built, then the model with blocks merged the other way, then with no
+    blocks merged at all (finer regions: the U-Net's stages need cuts of both kinds);
+    built lazily."""
+    yield "next", model
+    say("rebuilding the chain with activations closing their layer")
+    yield "prev", build_chain_model(g, offload=offload, none_scale=model.none_scale, merge="prev",
+                                    block_cache=block_cache)
+    say("rebuilding the chain with every cut kept")
+    yield "none", build_chain_model(g, offload=offload, none_scale=model.none_scale, merge="none",
+                                    block_cache=block_cache)
+
+
+class _Candidate(NamedTuple):
+    """A uniform plan: one option kind over every `size` blocks (0: on the scan bodies
+    alone), with the model's estimated extra time, predicted peak and recomputed FLOPs."""
+
+    extra: float
+    kind: str
+    size: int
+    segs: tuple
+    peak: int
+    flops: float
+    offset: int = 0  # nonzero: regions of `size` blocks from this block on (one per layer)
+
+    @property
+    def is_policy(self) -> bool:
+        """One of JAX's built-in policies per block, per layer or on the scan bodies."""
+        return self.kind in POLICY_KINDS and (self.size <= 1 or bool(self.offset))
+
+    @property
+    def label(self) -> str:
+        if self.offset:
+            return f"uniform {self.kind} per repeated unit of {self.size} blocks"
+        if self.size == 0:
+            return f"uniform {self.kind} on the scan bodies"
+        return f"uniform {self.kind} x{self.size}"
+
+
+def _uniform_candidates(model: ChainModel) -> list[_Candidate]:
+    """Uniform plans, fastest first: every option kind per block and per pair of blocks,
+    all-recompute also over 3 and 4 blocks; where the chain has scans, every kind on the
+    scan bodies alone (size 0), which is how a policy on the body of a scan over layers
+    looks; where block structures repeat (`ChainModel.period`), JAX's policies once per
+    repeated unit (a layer, cut where the least crosses)."""
+    cands, seen = [], set()
+    has_scan = any(b.kind == "scan" for b in model.blocks)
+    period = model.period()
+    for kind in model.option_kinds():
+        shapes = [(size, 0) for size in ((0, 1, 2, 3, 4) if has_scan else (1, 2, 3, 4))
+                  if size <= 2 or kind.endswith("recompute")]
+        if period is not None and kind in POLICY_KINDS:
+            shapes.append((period[1], period[0]))  # one region per repeated unit (layer)
+        for size, offset in shapes:
+            segs = model.uniform(kind, max(size, 1), scans_only=size == 0, offset=offset)
+            if segs is not None and segs not in seen:
+                seen.add(segs)
+                peak, extra = evaluate(model.raw_problem, segs)
+                cands.append(_Candidate(extra, kind, size, segs, peak, _recompute_flops(segs), offset))
+    cands.sort(key=lambda c: c.extra)
+    return cands
+
+
+def _recompute_flops(segments) -> float:
+    return sum(sg.option.recompute_flops for sg in segments)
