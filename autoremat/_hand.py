@@ -1,4 +1,5 @@
-"""Hand-written plans: what a person would write, compiled so that autoremat never loses to it.
+"""Hand-written plans: what a person would write, compiled so that autoremat never loses to it;
+and, in the same form, the region solver's saved sets per layer.
 
 autoremat's promise is that at any budget where a per-layer JAX policy or a mix of two fits,
 its plan fits too and recomputes no more.  The plan search keeps it by construction: the plans
@@ -10,6 +11,8 @@ compiled plan that recomputes the fewest FLOPs.
   optimization barriers, exactly as written by hand.
 * `HandSearch.uniform`: JAX's built-in policies, each on every layer; where a layer is a scan,
   also with `prevent_cse=False` on its body (what JAX's docs and MaxText write inside a scan).
+* `HandSearch.solver_sets`: the region solver's saved set per layer (`_layer_options`) where a
+  line through the policies' compiled peaks predicts it fits and recomputes less.
 * `HandSearch.mix`: for a budget between two of them, the last `k` layers under the faster
   policy and the rest under the leaner one; `k` from the line through the two compiled peaks,
   then corrected by compiling (the peak grows with `k`, one layer's stored bytes at a time).
@@ -23,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from autoremat._layer_options import fit_peak_line
 from autoremat._units import format_bytes
 from autoremat.graph._graph import Graph
 from autoremat.graph._layers import Layer
@@ -33,6 +37,11 @@ __all__ = ["HAND_POLICIES", "HandPlan", "HandSearch", "layer_plan"]
 
 # JAX's built-in policies a person applies per layer, leanest first.
 HAND_POLICIES = ("nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_saveable")
+# Solver saved sets compiled per search: each is a whole-step compile (5-9 s at 1B).  The line
+# through the policies' peaks predicted the small transformer's ilp25% set at 50.4 MiB
+# (compiled 50.3) and the 16-layer 1B decoder's ilp10% set at 10.33 GiB (compiled 10.84, +5%),
+# so the first one tried may miss; a second covers that, a third has not been seen to pay.
+MAX_SET_COMPILES = 2
 # Compiles spent finding a mix's layer count.  The peak is not linear in it: on the 18-layer
 # 1B decoder (benchmarks/realscale.py) the line through nothing_saveable's and
 # dots_with_no_batch_dims_saveable's peaks gave 0.22 GiB per layer, the compiled mixes 0.28;
@@ -50,18 +59,21 @@ class HandPlan:
     extra_flops: float
 
 
-def layer_plan(g: Graph, layers: Sequence[Layer], policies: Sequence[str | None], *,
+def layer_plan(g: Graph, layers: Sequence[Layer], policies: Sequence, *,
                meta: dict | None = None, prevent_cse: bool = True) -> Plan:
-    """`policies[i]` (a `jax.checkpoint_policies` name, or None: left alone) on layer i of the
-    traced function of `g`; `prevent_cse` for the bodies of scans (regions always have JAX's
-    default barriers).  The plan's value records say what each policy saves."""
+    """`policies[i]` on layer i of the traced function of `g`: a `jax.checkpoint_policies`
+    name, a set of value ids to save (`_layer_options`), or None (left alone); `prevent_cse`
+    for the bodies of scans (regions always have JAX's default barriers).  The plan's value
+    records say what each layer saves."""
     traced = g.traced
     regions, scans = [], []
     for k, (layer, pol) in enumerate(zip(layers, policies)):
         if pol is None:
             continue
         eqn = traced.jaxpr.eqns[layer.start]
-        if layer.stop - layer.start == 1 and eqn.primitive.name == "scan":
+        if isinstance(pol, frozenset):
+            regions.append(Region(layer.start, layer.stop, saved=pol, label=f"layer {k}: {len(pol)} saved"))
+        elif layer.stop - layer.start == 1 and eqn.primitive.name == "scan":
             scans.append(ScanPlan(f"e{layer.start}", policy=pol, prevent_cse=prevent_cse))
         else:
             regions.append(Region(layer.start, layer.stop, policy=pol, label=f"layer {k}: {pol}"))
@@ -71,8 +83,11 @@ def layer_plan(g: Graph, layers: Sequence[Layer], policies: Sequence[str | None]
                 structure=tuple(describe_eqn(e) for e in traced.jaxpr.eqns))
 
 
-def _saves(policy: str, eqn) -> bool:
-    """Whether JAX's `policy` saves the outputs of `eqn` (jax/_src/ad_checkpoint.py)."""
+def _saves(policy, eqn, vid: str = "") -> bool:
+    """Whether `policy` (JAX's, by name; or a set of value ids) saves output `vid` of `eqn`
+    (jax/_src/ad_checkpoint.py)."""
+    if isinstance(policy, frozenset):
+        return vid in policy
     if policy == "everything_saveable":
         return True
     if policy == "nothing_saveable" or eqn.primitive.name != "dot_general":
@@ -103,9 +118,9 @@ def _records(g: Graph, layers: Sequence[Layer], policies: Sequence[str | None]) 
             op = graph.ops.get(f"{prefix}e{k}")
             for j in range(len(eqn.outvars)):
                 vid = f"{prefix}e{k}:{j}"
-                if op is not None and vid in graph.values and (vid in residual or _saves(pol, eqn)):
+                if op is not None and vid in graph.values and (vid in residual or _saves(pol, eqn, vid)):
                     info = graph.values[vid]
-                    out[vid] = ValueRecord(vid, "save" if _saves(pol, eqn) else "recompute", info.type_str,
+                    out[vid] = ValueRecord(vid, "save" if _saves(pol, eqn, vid) else "recompute", info.type_str,
                                            info.nbytes, op.primitive, info.source, info.name,
                                            float(op.cost.flops), op.multiplicity)
     return out
@@ -122,7 +137,9 @@ class HandSearch:
                  none: HandPlan, say: Callable[[str], None], meta: dict | None = None):
         self.g, self.traced, self.layers, self.compile, self.say = g, g.traced, tuple(layers), compile, say
         self.meta = dict(meta or {})
-        self.points: dict[str | None, HandPlan] = {None: none}  # policy on every layer -> compiled
+        self.points: dict[str | None, HandPlan] = {None: none}  # option on every layer -> compiled
+        self.choice = {None: lambda k: None}  # option -> what layer k gets under it
+        self.saved_bytes: dict[str, int] = {}  # option -> bytes it saves over the stack
 
     def plan(self, policies: Sequence[str | None], label: str, prevent_cse: bool = True) -> HandPlan:
         return self.compile(layer_plan(self.g, self.layers, policies, meta=self.meta,
@@ -140,7 +157,32 @@ class HandSearch:
                          f"+{got.extra_flops / 1e9:.4g} GFLOP")
                 if pol not in self.points or got.peak < self.points[pol].peak:
                     self.points[pol] = got
+                    self.choice[pol] = lambda k, pol=pol: pol
+                    self.saved_bytes[pol] = sum(r.nbytes for r in got.plan.values.values() if r.decision == "save")
         return [self.points[p] for p in HAND_POLICIES]
+
+    def solver_sets(self, limit: int, options: Sequence) -> None:
+        """The region solver's saved sets per layer (`_layer_options.ilp_options`) predicted,
+        by the line through the policies' compiled peaks against their saved bytes, to fit
+        `limit` and to recompute fewer matmul FLOPs than the best plan compiled so far that
+        fits: the likeliest winner compiled first, at most MAX_SET_COMPILES in all."""
+        line = fit_peak_line([(self.saved_bytes[p], self.points[p].peak) for p in HAND_POLICIES
+                              if p in self.saved_bytes])
+        if line is None:
+            return
+        for _ in range(MAX_SET_COMPILES):
+            bound = min((p.extra_flops for p in self.points.values() if p.peak <= limit), default=float("inf"))
+            pool = [o for o in options if o.label not in self.points and o.matmul_flops < bound
+                    and line[0] + line[1] * o.saved_bytes <= limit]
+            if not pool:
+                return
+            o = min(pool, key=lambda o: o.matmul_flops)
+            label = f"solver's saved set per layer ({o.label} of each layer's residual bytes)"
+            got = self.plan(list(o.saved), label)
+            self.say(f"{label}: predicted {format_bytes(int(line[0] + line[1] * o.saved_bytes))}, compiled "
+                     f"{format_bytes(got.peak)}, +{got.extra_flops / 1e9:.4g} GFLOP")
+            self.points[o.label] = got
+            self.choice[o.label] = lambda k, o=o: o.saved[k]
 
     def mix(self, limit: int) -> HandPlan | None:
         """The two-policy mix predicted to recompute least within `limit`, corrected by compiling;
@@ -170,8 +212,9 @@ class HandSearch:
         peaks = {0: self.points[lean].peak, n: self.points[fast].peak}
         fit, over, best = 0, n, None  # largest count known to fit, smallest known over
         for _ in range(MAX_MIX_STEPS):
-            got = self.plan([lean] * (n - k) + [fast] * k, f"{n - k} layers {lean or 'no remat'}, "
-                            f"{k} layers {fast or 'no remat'}")
+            got = self.plan([self.choice[lean](i) for i in range(n - k)]
+                            + [self.choice[fast](i) for i in range(n - k, n)],
+                            f"{n - k} layers {_name(lean)}, {k} layers {_name(fast)}")
             self.say(f"hand-written mix, {got.label}: compiled {format_bytes(got.peak)}")
             peaks[k] = got.peak
             if got.peak <= limit:
@@ -182,6 +225,12 @@ class HandSearch:
                 break
             k = _next_count(peaks, fit, over, limit)
         return best
+
+
+def _name(option) -> str:
+    if option is None:
+        return "no remat"
+    return option if option in HAND_POLICIES else f"the solver's {option} set"
 
 
 def _next_count(peaks: dict, fit: int, over: int, limit: int) -> int:

@@ -30,7 +30,9 @@ import jax
 from autoremat._bridge import to_plan
 from autoremat._errors import InfeasibleBudgetError
 from autoremat._hand import HandPlan, HandSearch
+from autoremat._layer_options import ilp_options
 from autoremat._units import format_bytes
+from autoremat.graph._costs import OpCost
 from autoremat.graph._graph import Graph
 from autoremat.runtime._apply import apply
 from autoremat.runtime._plan import Plan
@@ -70,11 +72,12 @@ POLICY_TOLERANCE = 0.10
 # 15: on a 6-layer stack 6,350,081 B gave 1.383e9 FLOPs where 5,767,572 B gave 1.350e9), and
 # the hand-written plans (`autoremat._hand`) bound the answer (issue 14).
 _COMPILED: dict = {}
+_LAYER_OPTIONS: dict = {}  # (fingerprint, argument types) -> `_layer_options.ilp_options`
 
 
 class _Compiled(NamedTuple):
     peak: int
-    extra: float  # the model's estimated extra time (0 for hand-written plans: not modelled)
+    extra: float  # estimated extra time (hand-written plans: the roofline time of their extra FLOPs)
     flops: float  # the model's recomputed FLOPs
     plan: Plan
     measured: float  # extra FLOPs of the compiled step's jaxpr over the un-optimized one
@@ -168,9 +171,20 @@ class PlanSearch:
         return self.tried[key]
 
     def compile_hand(self, plan: Plan, label: str) -> HandPlan:
-        plan = replace(plan, budget=self.budget, meta={**plan.meta, "found_by": label})
-        c = self.compile_once(("hand", label), plan, 0.0, 0.0)
+        """A hand-written plan, compiled; its estimated extra time is the roofline time of the
+        FLOPs it recomputes (the chain model cannot express a JAX policy per layer)."""
+        key = ("hand", label)
+        if (self.sig, key) not in _COMPILED:
+            plan = replace(plan, budget=self.budget, meta={**plan.meta, "found_by": label})
+            c = self.compile_once(key, plan, 0.0, 0.0)
+            extra = self.g.profile.op_time(OpCost(flops=max(c.measured, 0.0)), self._dtype())
+            _COMPILED[(self.sig, key)] = c._replace(extra=extra, plan=replace(c.plan, estimated_extra_time=extra))
+        c = self.compile_once(key, None, 0.0, 0.0)
         return HandPlan(label, c.plan, c.peak, c.matmul)
+
+    def _dtype(self) -> str:
+        """The dtype of the first differentiated argument (what the step's matmuls run in)."""
+        return next((self.g.values[v].dtype for v in self.g.inputs if self.g.values[v].differentiable), "float32")
 
     def can_win(self, segments, quiet: bool = False) -> bool:
         """Whether a plan may recompute fewer FLOPs than the best fitting plan compiled so far
@@ -193,6 +207,11 @@ class PlanSearch:
         none = HandPlan("no remat", None, self.baseline_peak, 0.0)
         hand = HandSearch(self.g, self.layers, self.compile_hand, none, self.say, self.meta)
         hand.uniform()
+        t = self.g.traced
+        key = (t.fingerprint, str(t.in_avals))
+        if key not in _LAYER_OPTIONS:  # CP-SAT per distinct layer and cap: once per signature
+            _LAYER_OPTIONS[key] = ilp_options(self.g, self.layers)
+        hand.solver_sets(self.limit, _LAYER_OPTIONS[key])
         hand.mix(self.limit)
 
     def probe_offload(self) -> None:

@@ -502,13 +502,12 @@ def frontier(model, example, sets, budgets, output, measure, device, offload, so
     """Plot peak memory against step time over several budgets, with built-in policies."""
     from autoremat._optimize import plan_for
     from autoremat._shardings import abstract_arguments
-    from autoremat._plots import ParetoPoint, chain_problem, pareto_plot
+    from autoremat._plots import ParetoPoint, pareto_plot
     from autoremat.graph._graph import graph_from_traced
     from autoremat.graph._profiles import detect_profile, get_profile
     from autoremat.graph._trace import trace
     from autoremat.runtime._apply import apply
     from autoremat.runtime._validate import compiled_stats
-    from autoremat.solver._chain import evaluate
     from autoremat.solver._chain_model import build_chain_model
 
     say = _progress(quiet)
@@ -539,24 +538,8 @@ def frontier(model, example, sets, budgets, output, measure, device, offload, so
         return stats.peak_bytes, stats.step_time
 
     rows = []  # (kind, label, budget bytes, peak, predicted, estimated extra, measured step, note)
-    points, baselines, budget_bytes = [], [], []
-    none_time = None
-    for label, option in BASELINES:
-        segs, substituted = baseline_segments(chain, option)
-        predicted, extra = evaluate(chain_problem(chain), segs)
-        peak, step = predicted, None
-        if option is None and none_peak is not None and not measure:
-            peak = none_peak
-        elif validate or measure:
-            fn = m.fn if option is None else apply(m.fn, to_plan(chain, segs))
-            peak, step = measure_fn(fn)
-        if option is None:
-            none_time = step
-        note = f"{substituted} blocks without this option used their lowest-memory option" if substituted else ""
-        rows.append(("baseline", label, None, peak, predicted, extra, step, note))
-        baselines.append(ParetoPoint(label, peak, step if measure else extra))
-        say(f"baseline {label}: peak {format_bytes(peak)}, +{extra * 1e3:.3g} ms estimated"
-            + (f", {step * 1e3:.2f} ms measured" if step is not None else ""))
+    points, budget_bytes = [], []
+    baselines, none_time = _frontier_baselines(m, chain, none_peak, measure, validate, measure_fn, rows, say)
     for label, budget in budgets:
         try:
             planned = plan_for(m.fn, budget, m.args, m.kwargs,
@@ -589,6 +572,33 @@ def frontier(model, example, sets, budgets, output, measure, device, offload, so
         f.write(table + "\n")
     click.echo(table)
     click.echo(f"wrote {output}, {stem}.csv, {stem}.md")
+
+
+def _frontier_baselines(m, chain, none_peak, measure: bool, validate: bool, measure_fn, rows: list, say):
+    """The built-in policies per block, compiled (or predicted): their Pareto points, rows and
+    the un-optimized step's measured time."""
+    from autoremat._plots import ParetoPoint, chain_problem
+    from autoremat.runtime._apply import apply
+    from autoremat.solver._chain import evaluate
+
+    baselines, none_time = [], None
+    for label, option in BASELINES:
+        segs, substituted = baseline_segments(chain, option)
+        predicted, extra = evaluate(chain_problem(chain), segs)
+        peak, step = predicted, None
+        if option is None and none_peak is not None and not measure:
+            peak = none_peak
+        elif validate or measure:
+            fn = m.fn if option is None else apply(m.fn, to_plan(chain, segs))
+            peak, step = measure_fn(fn)
+        if option is None:
+            none_time = step
+        note = f"{substituted} blocks without this option used their lowest-memory option" if substituted else ""
+        rows.append(("baseline", label, None, peak, predicted, extra, step, note))
+        baselines.append(ParetoPoint(label, peak, step if measure else extra))
+        say(f"baseline {label}: peak {format_bytes(peak)}, +{extra * 1e3:.3g} ms estimated"
+            + (f", {step * 1e3:.2f} ms measured" if step is not None else ""))
+    return baselines, none_time
 
 
 _COLUMNS = ("kind", "label", "budget_bytes", "peak_bytes", "predicted_peak_bytes", "estimated_extra_s",

@@ -274,16 +274,6 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
         if out_div > 1:
             cost = cost.scale(1.0 / out_div)
         dtype = str(eqn.outvars[0].aval.dtype) if eqn.outvars and hasattr(eqn.outvars[0].aval, "dtype") else "float32"
-        params = {k: eqn.params[k] for k in ("length", "reverse", "name")
-                  if k in eqn.params and isinstance(eqn.params[k], (int, bool, str))}
-        if eqn.primitive.name == "scan":
-            params["num_consts"], params["num_carry"] = scan_counts(eqn.params)
-        if eqn.primitive.name.startswith("custom_") and _elementwise_body(eqn):
-            params["elementwise"] = True
-        if eqn.primitive.name == "dot_general":
-            # What `dots_with_no_batch_dims_saveable` looks at.
-            (_, _), (lhs_b, rhs_b) = eqn.params["dimension_numbers"]
-            params["batch_dims"] = bool(lhs_b or rhs_b)
         ops[oid] = OpInfo(
             id=oid, index=idx, primitive=primitive_label(eqn),
             inputs=tuple(x for x in in_ids if x is not None), outputs=tuple(out_ids), cost=cost,
@@ -291,13 +281,28 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
             residual_inputs=tuple(dict.fromkeys(x for x, r in zip(in_ids, res.inputs) if r and x is not None)),
             residual_outputs=tuple(x for x, r in zip(out_ids, res.outputs) if r),
             extra_residual_bytes=int(res.extra_bytes / out_div) if out_div > 1 else res.extra_bytes,
-            bodies=bodies, params=params)
+            bodies=bodies, params=_op_params(eqn))
 
     for vid, name in named_alias.items():
         if values[vid].name is None:
             values[vid] = _replace(values[vid], name=name)
     outputs = tuple(var_id[id(v)] for v in jaxpr.outvars if not isinstance(v, jex.core.Literal))
     return Graph(values, ops, tuple(inputs), outputs, prof, prefix)
+
+
+def _op_params(eqn) -> dict:
+    """The few scalar parameters of an equation worth keeping on its `OpInfo`."""
+    params = {k: eqn.params[k] for k in ("length", "reverse", "name")
+              if k in eqn.params and isinstance(eqn.params[k], (int, bool, str))}
+    if eqn.primitive.name == "scan":
+        params["num_consts"], params["num_carry"] = scan_counts(eqn.params)
+    if eqn.primitive.name.startswith("custom_") and _elementwise_body(eqn):
+        params["elementwise"] = True
+    if eqn.primitive.name == "dot_general":
+        # What `dots_with_no_batch_dims_saveable` looks at.
+        (_, _), (lhs_b, rhs_b) = eqn.params["dimension_numbers"]
+        params["batch_dims"] = bool(lhs_b or rhs_b)
+    return params
 
 
 def _grad_live_eqns(jaxpr, live_out: list[bool] | None) -> list[bool]:

@@ -162,32 +162,8 @@ def trace(fn, args: Sequence[Any], kwargs: dict | None = None, *, argnums=0,
 
     leaves_with_path, in_tree = jax.tree_util.tree_flatten_with_path((dynamic, kwargs))
     leaves = [leaf for _, leaf in leaves_with_path]
-    names, diff_mask = [], []
-    for path, _ in leaves_with_path:
-        top = path[0].idx  # 0: positional, 1: kwargs
-        if top == 0:
-            pos = path[1].idx
-            full = dyn_positions[pos]
-            names.append(f"args[{full}]" + _path_name(path[2:]))
-            diff_mask.append(pos in diff_dyn)
-        else:
-            names.append("kwargs" + _path_name(path[1:]))
-            diff_mask.append(False)
-    for name, leaf in zip(names, leaves):
-        if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
-            raise UnsupportedFunctionError(
-                f"argument {name} is a {type(leaf).__name__}, not an array; mark it static with "
-                f"static_argnums or pass it as a jax array")
-    for name, leaf, d in zip(names, leaves, diff_mask):
-        if d and not jax.dtypes.issubdtype(leaf.dtype, np.inexact):
-            if skip_integer_leaves:
-                diff_mask[names.index(name)] = False
-                continue
-            # jax.grad would raise its own TypeError later, from inside planning.
-            raise UnsupportedFunctionError(
-                f"argument {name} has dtype {leaf.dtype}, but it is differentiated (argnums={sorted(argnums)}) "
-                f"and jax.grad differentiates only floating-point arrays; pass it in an argument outside "
-                f"argnums (or mark it static), or cast it to a float dtype")
+    names, diff_mask = _leaf_names_and_mask(leaves_with_path, dyn_positions, diff_dyn)
+    _check_leaves(names, leaves, diff_mask, argnums, skip_integer_leaves)
 
     def flat_fn(*flat):
         dyn, kw = jax.tree_util.tree_unflatten(in_tree, flat)
@@ -202,6 +178,54 @@ def trace(fn, args: Sequence[Any], kwargs: dict | None = None, *, argnums=0,
             f"could not trace {getattr(fn, '__name__', fn)!r}: {e}. autoremat needs a function of "
             f"arrays that returns arrays") from e
     out_tree = jax.tree_util.tree_structure(out_shape)
+    _check_output(fn, closed, out_shape, has_aux)
+    n_checkpoints = 0
+    if inline:
+        n_checkpoints = count_inlined_checkpoints(closed.jaxpr)
+        closed = _inline(closed, in_avals)
+    return Traced(closed, in_tree, out_tree, tuple(v.aval for v in closed.jaxpr.invars),
+                  tuple(names), tuple(diff_mask), structure_fingerprint(closed.jaxpr),
+                  tuple(leaf_sharding(x) for x in leaves), argnums, tuple(static_argnums), has_aux,
+                  _code_of(fn), n_checkpoints)
+
+
+def _leaf_names_and_mask(leaves_with_path, dyn_positions, diff_dyn) -> tuple[list[str], list[bool]]:
+    """Each flat argument leaf's name (`args[0]['w']`, `kwargs['x']`) and whether it is
+    differentiated."""
+    names, diff_mask = [], []
+    for path, _ in leaves_with_path:
+        if path[0].idx == 0:  # positional
+            pos = path[1].idx
+            names.append(f"args[{dyn_positions[pos]}]" + _path_name(path[2:]))
+            diff_mask.append(pos in diff_dyn)
+        else:
+            names.append("kwargs" + _path_name(path[1:]))
+            diff_mask.append(False)
+    return names, diff_mask
+
+
+def _check_leaves(names, leaves, diff_mask: list, argnums, skip_integer_leaves: bool) -> None:
+    """Every leaf an array; differentiated ones floating point (else, with
+    `skip_integer_leaves`, not differentiated: `diff_mask` is updated in place)."""
+    for name, leaf in zip(names, leaves):
+        if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
+            raise UnsupportedFunctionError(
+                f"argument {name} is a {type(leaf).__name__}, not an array; mark it static with "
+                f"static_argnums or pass it as a jax array")
+    for k, (name, leaf, d) in enumerate(zip(names, leaves, list(diff_mask))):
+        if d and not jax.dtypes.issubdtype(leaf.dtype, np.inexact):
+            if skip_integer_leaves:
+                diff_mask[k] = False
+                continue
+            # jax.grad would raise its own TypeError later, from inside planning.
+            raise UnsupportedFunctionError(
+                f"argument {name} has dtype {leaf.dtype}, but it is differentiated (argnums={sorted(argnums)}) "
+                f"and jax.grad differentiates only floating-point arrays; pass it in an argument outside "
+                f"argnums (or mark it static), or cast it to a float dtype")
+
+
+def _check_output(fn, closed, out_shape, has_aux: bool) -> None:
+    """A scalar floating-point loss (or `(loss, aux)`), and no side effects."""
     loss_shape = out_shape[0] if has_aux else out_shape
     if has_aux and not (isinstance(out_shape, tuple) and len(out_shape) == 2):
         raise UnsupportedFunctionError("has_aux=True needs fn to return a pair (loss, aux)")
@@ -216,14 +240,6 @@ def trace(fn, args: Sequence[Any], kwargs: dict | None = None, *, argnums=0,
             f"{getattr(fn, '__name__', 'fn')} has side effects {sorted(map(str, closed.jaxpr.effects))}; "
             f"jax.checkpoint would replay them during recomputation. Remove prints/callbacks/state "
             f"from the differentiated function")
-    n_checkpoints = 0
-    if inline:
-        n_checkpoints = count_inlined_checkpoints(closed.jaxpr)
-        closed = _inline(closed, in_avals)
-    return Traced(closed, in_tree, out_tree, tuple(v.aval for v in closed.jaxpr.invars),
-                  tuple(names), tuple(diff_mask), structure_fingerprint(closed.jaxpr),
-                  tuple(leaf_sharding(x) for x in leaves), argnums, tuple(static_argnums), has_aux,
-                  _code_of(fn), n_checkpoints)
 
 
 def leaf_sharding(x):

@@ -150,67 +150,15 @@ def build_chain_model(g: Graph, *, offload: bool = True, max_region_blocks: int 
     nb = len(blocks)
     if max_region_blocks is None:
         max_region_blocks = max(1, min(nb, max(8, int(2 * math.sqrt(nb)) + 2)))
-    host_bw = g.profile.host_bandwidth
-    options: dict[tuple[int, int], tuple[Option, ...]] = {}
-    closure_cache: dict = {}
     raw_options: dict[tuple[int, int], tuple[Option, ...]] = {}
-    nbytes = lambda vs: sum(g.values[v].nbytes for v in vs)  # noqa: E731
-    profile = _BackwardProfile(g)
-
+    regions = _Regions(g, blocks, data, none_scale, offload)
     for i in range(nb):
         if blocks[i].kind == "scan":
-            raw_options[(i, i + 1)] = _scan_options(
-                g, blocks[i], data[i], cross, caps, region_method, region_time_limit, offload, host_bw, none_scale)
-            options[(i, i + 1)] = _dedupe(list(raw_options[(i, i + 1)]))
-            continue
-        res_union: set[str] = set()
-        ext = 0
-        inputs: set[str] = set()
-        produced: set[str] = set()
-        fwd_time = 0.0
-        for j in range(i + 1, min(nb, i + max_region_blocks) + 1):
-            k = j - 1
-            if blocks[k].kind == "scan":
-                break
-            d = data[k]
-            res_union |= d.residuals
-            ext += d.extra_bytes
-            inputs |= {v for v in d.ext_inputs if v not in produced}
-            produced |= d.produced
-            fwd_time += d.time
-            a, b = blocks[i].start, blocks[k].stop
-            opts = []
-            stored_none = int(none_scale * (nbytes(res_union) + ext))
-            # Left alone, the region's residuals were stored in the forward pass; its backward
-            # frees them equation by equation.
-            bwd_none = profile.peak(a, b, res_union & produced, scale=none_scale)
-            bwd_none += int(none_scale * nbytes(res_union - produced))
-            opts.append(Option("none", stored_none, max(stored_none, bwd_none), 0.0, 0.0, 0,
-                               {"kind": "none"}))
-            in_b = nbytes(inputs)
-            names = [name for name, _ in data[i].options]
-            for oi, name in enumerate(names):
-                saved: set[str] = set()
-                for kk in range(i, j):
-                    opts_k = data[kk].options
-                    saved |= opts_k[min(oi, len(opts_k) - 1)][1] if opts_k else set()
-                saved -= inputs
-                rtime, rflops = _region_recompute(g, blocks, data, i, j, oi, closure_cache)
-                s_b = nbytes(saved)
-                # Checkpointed: inputs and saved values stay; the rest is recomputed up front
-                # and freed as the backward goes.  (The scan bodies' rule, chains re-run kept
-                # whole, is not used here: it lowered the unrolled transformer's predictions
-                # further below XLA's, -3% -> -10% with nothing saved per block, and the
-                # U-Net's solver plans then missed its 9.1 MiB floor; docs/FINDINGS.md.)
-                live_bwd = nbytes(inputs | saved) + profile.peak(a, b, (res_union & produced) - saved)
-                opts.append(Option(f"ckpt:{name}", in_b + s_b, live_bwd, rtime, rflops, 0,
-                                   {"kind": "region", "saved": frozenset(saved)}))
-                if offload and s_b > 0:
-                    exposed = max(0.0, 2 * s_b / host_bw - OFFLOAD_OVERLAP * 3 * fwd_time)
-                    opts.append(Option(f"ckpt:{name}+offload", in_b, live_bwd, rtime + exposed, rflops, s_b,
-                                       {"kind": "region", "saved": frozenset(), "offloaded": frozenset(saved)}))
-            raw_options[(i, j)] = tuple(opts)
-            options[(i, j)] = _dedupe(opts)
+            raw_options[(i, i + 1)] = _scan_options(g, blocks[i], data[i], cross, caps, region_method,
+                                                    region_time_limit, offload, g.profile.host_bandwidth, none_scale)
+        else:
+            raw_options.update(regions.starting_at(i, max_region_blocks))
+    options = {k: _dedupe(list(v)) for k, v in raw_options.items()}
     # Gradient buffers.  XLA's buffer assignment lets activations use the memory of a
     # gradient output until that gradient is written, which happens in the backward pass of
     # the parameter's first use (measured: the MLP with nothing saved per layer compiles to
@@ -227,6 +175,84 @@ def build_chain_model(g: Graph, *, offload: bool = True, max_region_blocks: int 
     options, raw_options = with_grads(options), with_grads(raw_options)
     problem = ChainProblem(nb, int(base), options, tuple(f"{b.start}-{b.stop}" for b in blocks))
     return ChainModel(g, blocks, problem, cross, int(base), data, none_scale, raw_options)
+
+
+@dataclass
+class _Span:
+    """What the blocks [i, j) of a region hold, grown one block at a time."""
+
+    residuals: set = field(default_factory=set)
+    extra_bytes: int = 0
+    inputs: set = field(default_factory=set)
+    produced: set = field(default_factory=set)
+    time: float = 0.0
+
+    def add(self, d: _BlockData) -> None:
+        self.residuals |= d.residuals
+        self.extra_bytes += d.extra_bytes
+        self.inputs |= {v for v in d.ext_inputs if v not in self.produced}
+        self.produced |= d.produced
+        self.time += d.time
+
+
+class _Regions:
+    """The options of ordinary (non-scan) regions: left alone, or checkpointed with each of
+    the first block's saved-set kinds (and offloaded, where offload is on)."""
+
+    def __init__(self, g: Graph, blocks, data, none_scale: float, offload: bool):
+        self.g, self.blocks, self.data = g, blocks, data
+        self.none_scale, self.offload = none_scale, offload
+        self.profile = _BackwardProfile(g)
+        self.closure_cache: dict = {}
+
+    def nbytes(self, vs) -> int:
+        return sum(self.g.values[v].nbytes for v in vs)
+
+    def starting_at(self, i: int, max_region_blocks: int) -> dict:
+        """(i, j) -> options, for every region from block i up to the next scan block."""
+        out, span = {}, _Span()
+        for j in range(i + 1, min(len(self.blocks), i + max_region_blocks) + 1):
+            if self.blocks[j - 1].kind == "scan":
+                break
+            span.add(self.data[j - 1])
+            out[(i, j)] = tuple([self.left_alone(i, j, span)] + self.checkpointed(i, j, span))
+        return out
+
+    def left_alone(self, i: int, j: int, span: _Span) -> Option:
+        """The region's residuals were stored in the forward pass; its backward frees them
+        equation by equation."""
+        a, b, sc = self.blocks[i].start, self.blocks[j - 1].stop, self.none_scale
+        stored = int(sc * (self.nbytes(span.residuals) + span.extra_bytes))
+        bwd = self.profile.peak(a, b, span.residuals & span.produced, scale=sc)
+        bwd += int(sc * self.nbytes(span.residuals - span.produced))
+        return Option("none", stored, max(stored, bwd), 0.0, 0.0, 0, {"kind": "none"})
+
+    def checkpointed(self, i: int, j: int, span: _Span) -> list[Option]:
+        """Inputs and saved values stay; the rest is recomputed up front and freed as the
+        backward goes.  (The scan bodies' rule, chains re-run kept whole, is not used here: it
+        lowered the unrolled transformer's predictions further below XLA's, -3% -> -10% with
+        nothing saved per block, and the U-Net's solver plans then missed its 9.1 MiB floor;
+        docs/FINDINGS.md.)"""
+        a, b = self.blocks[i].start, self.blocks[j - 1].stop
+        in_b, opts = self.nbytes(span.inputs), []
+        for oi, (name, _) in enumerate(self.data[i].options):
+            saved: set[str] = set()
+            for kk in range(i, j):
+                opts_k = self.data[kk].options
+                saved |= opts_k[min(oi, len(opts_k) - 1)][1] if opts_k else set()
+            saved -= span.inputs
+            rtime, rflops = _region_recompute(self.g, self.blocks, self.data, i, j, oi, self.closure_cache)
+            s_b = self.nbytes(saved)
+            live_bwd = self.nbytes(span.inputs | saved) + self.profile.peak(
+                a, b, (span.residuals & span.produced) - saved)
+            opts.append(Option(f"ckpt:{name}", in_b + s_b, live_bwd, rtime, rflops, 0,
+                               {"kind": "region", "saved": frozenset(saved)}))
+            if self.offload and s_b > 0:
+                host_bw = self.g.profile.host_bandwidth
+                exposed = max(0.0, 2 * s_b / host_bw - OFFLOAD_OVERLAP * 3 * span.time)
+                opts.append(Option(f"ckpt:{name}+offload", in_b, live_bwd, rtime + exposed, rflops, s_b,
+                                   {"kind": "region", "saved": frozenset(), "offloaded": frozenset(saved)}))
+        return opts
 
 
 def _gradient_bytes_from(g: Graph, blocks: Sequence[Block]) -> list[int]:

@@ -117,71 +117,11 @@ def solve_cpsat(
     if budget < lowest_peak(problem):
         return infeasible_result(problem, t0=t0, solver="cpsat")
 
-    # ---- Data -----------------------------------------------------------------
-    n = problem.n_blocks
     cap_bytes = budget - problem.base_bytes
     byte_unit = max(1, -(-cap_bytes // _MAX_CAP_UNITS))
-    cap = cap_bytes // byte_unit
-
-    def units(nbytes: int) -> int:
-        return -(-nbytes // byte_unit)
-
-    model = cp_model.CpModel()
-
-    # ---- Variables ------------------------------------------------------------
-    # x[j, i, o]; options that can never fit are left out.
-    x: dict[tuple[int, int, int], cp_model.IntVar] = {}
-    for (j, i), opts in sorted(problem.options.items()):
-        for o, opt in enumerate(opts):
-            if units(opt.stored_bytes) <= cap and units(opt.backward_bytes) <= cap:
-                x[j, i, o] = model.new_bool_var(f"x[{j},{i},{o}]")
-    P = [model.new_int_var(0, cap, f"P[{p}]") for p in range(n + 1)]  # (4) forward: P[n] <= cap by domain
-
-    # ---- (1) path: one chain of regions from 0 to n ------------------------------
-    out_arcs: dict[int, list] = {p: [] for p in range(n + 1)}
-    in_arcs: dict[int, list] = {p: [] for p in range(n + 1)}
-    for (j, i, o), var in x.items():
-        out_arcs[j].append(var)
-        in_arcs[i].append(var)
-    for p in range(n + 1):
-        if not out_arcs[p] and not in_arcs[p]:
-            continue
-        supply = 1 if p == 0 else (-1 if p == n else 0)
-        model.add(_sum(out_arcs[p]) - _sum(in_arcs[p]) == supply)
-
-    # ---- (2) prefix: P[p] = sum of s_o over regions ending at or before p --------
-    # On the path these are exactly the regions before p, so the equality holds
-    # without enforcement literals (a much tighter LP relaxation than big-M).
-    ending_at: list[list] = [[] for _ in range(n + 1)]
-    for (j, i, o), var in x.items():
-        ending_at[i].append((var, units(problem.options[j, i][o].stored_bytes)))
-    model.add(P[0] == 0)
-    for p in range(1, n + 1):
-        model.add(P[p] == P[p - 1] + _weighted(ending_at[p]))
-
-    # ---- (3) stage: P[j] + sum_{i,o} b_o x[j, i, o] <= cap --------------------------
-    # At most one region starts at j, and none if j is off the path (then
-    # P[j] <= P[n] <= cap): this is x[j, i, o] => P[j] + b_o <= cap, linearly.
-    starting_at: list[list] = [[] for _ in range(n + 1)]
-    for (j, i, o), var in x.items():
-        starting_at[j].append((var, units(problem.options[j, i][o].backward_bytes)))
-    for j in range(n):
-        if starting_at[j]:
-            model.add(P[j] + _weighted(starting_at[j]) <= cap)
-
-    # ---- Objective: extra time in nanoseconds ---------------------------------------
-    model.minimize(_weighted([(var, _ns(problem.options[j, i][o].extra_time)) for (j, i, o), var in x.items()]))
-
-    # ---- Warm start ---------------------------------------------------------------
+    model, x, P = _chain_model(problem, cap_bytes // byte_unit, byte_unit)
     if hint is not None:
-        chosen = {(seg.start, seg.stop, problem.options[seg.start, seg.stop].index(seg.option)) for seg in hint}
-        stored_at = {seg.stop: units(seg.option.stored_bytes) for seg in hint}
-        prefix = 0
-        for p in range(n + 1):
-            prefix += stored_at.get(p, 0)
-            model.add_hint(P[p], min(prefix, cap))
-        for key, var in x.items():
-            model.add_hint(var, key in chosen)
+        _add_hint(model, problem, x, P, hint, cap_bytes // byte_unit, byte_unit)
 
     # ---- Solve ------------------------------------------------------------------------
     solver = cp_model.CpSolver()
@@ -200,13 +140,7 @@ def solve_cpsat(
         if hint is not None and evaluate(problem, hint)[0] <= budget:
             return make_result(problem, hint, status="feasible", gap=math.nan, t0=t0, solver="cpsat")
         return unknown_result(t0=t0, solver="cpsat")
-    chosen_at = {j: (i, o) for (j, i, o), var in x.items() if solver.boolean_value(var)}
-    segments = []
-    p = 0
-    while p < n:
-        i, o = chosen_at[p]
-        segments.append(Segment(p, i, problem.options[p, i][o]))
-        p = i
+    segments = _read_path(problem, solver, x)
     peak, _ = evaluate(problem, segments)
     if peak > budget:
         raise SolverError(
@@ -221,3 +155,77 @@ def solve_cpsat(
         gap = math.nan  # the bound is for the scaled model, not a bound for this one
     status_name = "optimal" if gap == 0.0 else "feasible"
     return make_result(problem, segments, status=status_name, gap=gap, t0=t0, solver="cpsat")
+
+
+def _chain_model(problem: ChainProblem, cap: int, byte_unit: int):
+    """(CP-SAT model, x[j, i, o] region-option booleans, P[p] prefix stored units)."""
+    n = problem.n_blocks
+
+    def units(nbytes: int) -> int:
+        return -(-nbytes // byte_unit)
+
+    model = cp_model.CpModel()
+    # x[j, i, o]; options that can never fit are left out.
+    x: dict[tuple[int, int, int], cp_model.IntVar] = {}
+    for (j, i), opts in sorted(problem.options.items()):
+        for o, opt in enumerate(opts):
+            if units(opt.stored_bytes) <= cap and units(opt.backward_bytes) <= cap:
+                x[j, i, o] = model.new_bool_var(f"x[{j},{i},{o}]")
+    P = [model.new_int_var(0, cap, f"P[{p}]") for p in range(n + 1)]  # (4) forward: P[n] <= cap by domain
+
+    # (1) path: one chain of regions from 0 to n.
+    out_arcs: dict[int, list] = {p: [] for p in range(n + 1)}
+    in_arcs: dict[int, list] = {p: [] for p in range(n + 1)}
+    for (j, i, o), var in x.items():
+        out_arcs[j].append(var)
+        in_arcs[i].append(var)
+    for p in range(n + 1):
+        if out_arcs[p] or in_arcs[p]:
+            supply = 1 if p == 0 else (-1 if p == n else 0)
+            model.add(_sum(out_arcs[p]) - _sum(in_arcs[p]) == supply)
+
+    # (2) prefix: P[p] = sum of s_o over regions ending at or before p.  On the path these are
+    # exactly the regions before p, so the equality holds without enforcement literals (a much
+    # tighter LP relaxation than big-M).
+    ending_at: list[list] = [[] for _ in range(n + 1)]
+    starting_at: list[list] = [[] for _ in range(n + 1)]
+    for (j, i, o), var in x.items():
+        ending_at[i].append((var, units(problem.options[j, i][o].stored_bytes)))
+        starting_at[j].append((var, units(problem.options[j, i][o].backward_bytes)))
+    model.add(P[0] == 0)
+    for p in range(1, n + 1):
+        model.add(P[p] == P[p - 1] + _weighted(ending_at[p]))
+
+    # (3) stage: P[j] + sum_{i,o} b_o x[j, i, o] <= cap.  At most one region starts at j, and
+    # none if j is off the path (then P[j] <= P[n] <= cap): this is x[j, i, o] => P[j] + b_o
+    # <= cap, linearly.
+    for j in range(n):
+        if starting_at[j]:
+            model.add(P[j] + _weighted(starting_at[j]) <= cap)
+
+    # Objective: extra time in nanoseconds.
+    model.minimize(_weighted([(var, _ns(problem.options[j, i][o].extra_time)) for (j, i, o), var in x.items()]))
+    return model, x, P
+
+
+def _add_hint(model, problem: ChainProblem, x: dict, P: list, hint, cap: int, byte_unit: int) -> None:
+    """Warm start from a valid plan."""
+    chosen = {(seg.start, seg.stop, problem.options[seg.start, seg.stop].index(seg.option)) for seg in hint}
+    stored_at = {seg.stop: -(-seg.option.stored_bytes // byte_unit) for seg in hint}
+    prefix = 0
+    for p in range(problem.n_blocks + 1):
+        prefix += stored_at.get(p, 0)
+        model.add_hint(P[p], min(prefix, cap))
+    for key, var in x.items():
+        model.add_hint(var, key in chosen)
+
+
+def _read_path(problem: ChainProblem, solver, x: dict) -> list[Segment]:
+    """The chosen regions, from block 0 to the end."""
+    chosen_at = {j: (i, o) for (j, i, o), var in x.items() if solver.boolean_value(var)}
+    segments, p = [], 0
+    while p < problem.n_blocks:
+        i, o = chosen_at[p]
+        segments.append(Segment(p, i, problem.options[p, i][o]))
+        p = i
+    return segments

@@ -1,0 +1,112 @@
+"""Per-layer saved sets from the exact region solver, and the line that predicts their peaks.
+
+JAX's policies choose what a layer saves by primitive; the exact region solver
+(`solver/_region.py`, CP-SAT) chooses the set that recomputes least under a byte cap.  Between
+`nothing_saveable` and `dots_with_no_batch_dims_saveable` there is room the policies do not reach.
+
+* `ilp_options(g, layers)`: for each distinct layer of an unrolled stack (`graph.find_layers`;
+  identical layers share one solve), the solver's saved sets at the caps of
+  `solver._region_options.DEFAULT_CAPS`, copied onto every layer of its kind (value ids
+  shifted by the layer's position), with the bytes they save and the matmul FLOPs their
+  recomputation costs over the stack.
+* `fit_peak_line`: the compiled peak of a uniform plan as `a + b x saved bytes`, fitted on the
+  policies compiled per layer (the measurements in context: the same step, every layer alike),
+  so an option is compiled only where it is predicted to fit and to recompute less.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoremat.graph._graph import Graph
+from autoremat.graph._layers import Layer
+from autoremat.solver._peak_model import stored_residuals
+from autoremat.solver._region import recompute_closure
+from autoremat.solver._region_options import DEFAULT_CAPS, _region_problem, _solve_block_options
+
+__all__ = ["LayerOption", "ilp_options", "fit_peak_line"]
+
+MATMULS = ("dot_general", "conv_general_dilated")
+
+
+@dataclass(frozen=True)
+class LayerOption:
+    """One saved set per layer (value ids), its bytes over the stack and recomputed matmul FLOPs."""
+
+    label: str
+    saved: tuple[frozenset, ...]
+    saved_bytes: int
+    matmul_flops: float
+
+
+def ilp_options(g: Graph, layers: Sequence[Layer], *, time_limit: float | None = 2.0) -> list[LayerOption]:
+    """The region solver's saved sets per layer (see the module docstring); none where a layer
+    is a scan (its body's options are the chain solver's) or layers of a kind differ in order."""
+    ops = list(g.ops.values())
+    if any(la.stop - la.start == 1 and ops[la.start].primitive == "scan" for la in layers):
+        return []
+    per_key: dict[str, list] = {}
+    for layer in layers:
+        if layer.key not in per_key:
+            per_key[layer.key] = _solve(g, ops[layer.start:layer.stop], time_limit)
+    out, seen = [], set()
+    n_caps = len(DEFAULT_CAPS)
+    for c in range(n_caps):
+        saved, nbytes, flops = [], 0, 0.0
+        for layer in layers:
+            proto_start, kinds = per_key[layer.key]
+            label, proto_saved, proto_flops = kinds[c]
+            shifted = _shift(g, proto_saved, layer.start - proto_start)
+            if shifted is None:
+                return []
+            saved.append(shifted)
+            nbytes += sum(g.values[v].nbytes for v in shifted)
+            flops += proto_flops
+        key = tuple(saved)
+        if key not in seen:
+            seen.add(key)
+            out.append(LayerOption(label, key, nbytes, flops))
+    return out
+
+
+def _solve(g: Graph, layer_ops, time_limit) -> tuple[int, list]:
+    """(first equation, [(label, saved set, recomputed matmul FLOPs) per cap]) of one layer."""
+    produced = frozenset(v for op in layer_ops for v in op.outputs)
+    residuals, _ = stored_residuals(g, layer_ops)
+    kinds = _solve_block_options(g, layer_ops, produced, residuals, DEFAULT_CAPS, "cpsat", time_limit)
+    problem = _region_problem(g, layer_ops, produced, residuals)
+    out = []
+    for label, saved in kinds:
+        if label.startswith("ilp"):
+            closure = recompute_closure(problem, saved)
+            flops = sum(float(g.ops[o].cost.flops) for o in closure if g.ops[o].primitive in MATMULS)
+            out.append((label, frozenset(saved), flops))
+    return layer_ops[0].index, out
+
+
+def _shift(g: Graph, ids, delta: int) -> frozenset | None:
+    """Value ids `e{i}:{j}` moved by `delta` equations; None if a moved id is not a value made
+    by the same primitive (the layers differ in order)."""
+    out = []
+    for vid in ids:
+        eq, j = vid.split(":")
+        moved = f"e{int(eq[1:]) + delta}:{j}"
+        info = g.values.get(moved)
+        if info is None or g.ops[info.producer].primitive != g.ops[g.values[vid].producer].primitive:
+            return None
+        out.append(moved)
+    return frozenset(out)
+
+
+def fit_peak_line(points: Sequence[tuple[int, int]]) -> tuple[float, float] | None:
+    """(a, b) of compiled peak = a + b x saved bytes, least squares over (saved bytes, peak)
+    points; None with fewer than two distinct byte counts."""
+    xs = np.array([p[0] for p in points], dtype=float)
+    ys = np.array([p[1] for p in points], dtype=float)
+    if len(set(xs.tolist())) < 2:
+        return None
+    b, a = np.polyfit(xs, ys, 1)
+    return float(a), float(b)
