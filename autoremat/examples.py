@@ -314,49 +314,29 @@ def _transformer_init(
     return params, {"tokens": stream[:, :-1], "targets": stream[:, 1:]}
 
 
-def transformer(
-    n_layers: int = 4,
-    d_model: int = 256,
-    n_heads: int = 4,
-    seq: int = 128,
-    batch: int = 4,
-    d_ff: int | None = None,
-    *,
-    vocab: int = 512,
-    scan: bool = False,
-    policy: Policy | None = None,
-    tags: bool = True,
-    seed: int = 0,
-) -> Example:
+def transformer(n_layers: int = 4, d_model: int = 256, n_heads: int = 4, seq: int = 128, batch: int = 4,
+                d_ff: int | None = None, *, vocab: int = 512, scan: bool = False, policy: Policy | None = None,
+                tags: bool = True, seed: int = 0) -> Example:
     """A GPT-style pre-LN decoder with a next-token cross-entropy loss.
 
-    Blocks are layernorm, causal multi-head attention (einsum + softmax) and a
-    gelu MLP around a residual stream; tokens are embedded with a learned
-    position embedding, and a final layernorm feeds an untied unembedding.
+    Blocks: layernorm, causal multi-head attention (einsum + softmax) and a gelu MLP around a
+    residual stream; learned position embedding; a final layernorm, untied unembedding.
 
     Args:
-      n_layers: number of blocks.
+      n_layers, n_heads, seq, batch, vocab: blocks, attention heads, sequence length, batch size.
       d_model: width of the residual stream; a multiple of ``n_heads``.
-      n_heads: attention heads.
-      seq: sequence length.
-      batch: batch size.
       d_ff: MLP hidden width; ``None`` means ``4 * d_model``.
-      vocab: vocabulary size.
-      scan: ``False`` unrolls the blocks in Python; ``True`` stacks the layer
-        parameters on a leading axis and runs ``jax.lax.scan`` over them
-        (scan-over-layers, as MaxText does). Both draw the same parameters for
-        the same seed.
-      policy: ``None`` for no remat, else a checkpoint policy applied per block
-        (with ``scan=True``, to the scan body, with ``prevent_cse=False``).
-      tags: put ``checkpoint_name`` tags :data:`TRANSFORMER_TAGS` in each block,
-        so name-based policies such as :data:`MAXTEXT_PRESETS` apply.
+      scan: ``False`` unrolls the blocks; ``True`` stacks the layer parameters and runs
+        ``jax.lax.scan`` over them (as MaxText does), with the same parameters per seed.
+      policy: ``None`` for no remat, else a checkpoint policy per block (with ``scan=True``,
+        on the scan body, with ``prevent_cse=False``).
+      tags: ``checkpoint_name`` tags :data:`TRANSFORMER_TAGS` in each block (for name-based
+        policies such as :data:`MAXTEXT_PRESETS`).
       seed: seed of ``jax.random.key`` for parameters and data.
 
-    Returns:
-      An :class:`Example` with ``params = {"embed", "pos", "layers", "ln_f_scale",
-      "ln_f_bias", "unembed"}``, where ``"layers"`` is a list of per-block dicts
-      (or one dict of stacked arrays with ``scan=True``), and
-      ``batch = {"tokens": int32 (batch, seq), "targets": int32 (batch, seq)}``.
+    Returns an :class:`Example`: ``params = {"embed", "pos", "layers", "ln_f_scale",
+    "ln_f_bias", "unembed"}`` (``"layers"``: per-block dicts, or stacked arrays with
+    ``scan=True``), ``batch = {"tokens", "targets"}`` (int32, (batch, seq)).
     """
     d_ff = 4 * d_model if d_ff is None else d_ff
     _check_positive(

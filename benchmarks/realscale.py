@@ -1,7 +1,7 @@
 """Real-scale, compile-only: does autoremat beat hand-written policies at >= 1B parameters?  (issue 14)
 
 Models (bf16, abstract `jax.ShapeDtypeStruct` arguments: nothing is allocated; XLA's
-`memory_analysis` of the compiled `value_and_grad` step is the judge, DESIGN.md fact 11):
+`memory_analysis` of the compiled `value_and_grad` step is the judge, docs/FACTS.md fact 11):
 
 * `llama`: Llama-style decoder, RMSNorm / SwiGLU / rotary positions, 18 layers, d_model 2048,
   d_ff 5632, vocab 32000, seq 2048, batch 4 (1.06B parameters); unrolled, and `llama_scan`: the
