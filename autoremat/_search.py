@@ -12,8 +12,9 @@
    the model says recomputes at least what the best compiled plan does is not compiled.
 4. **policy checks** (`policy_checks`): JAX's policies per block in the model's terms, and
    faster uniform plans the model may have over-predicted, compiled where they could win.
-5. **fallback** (`fallback`): only when nothing compiled fits: compile-verified uniform plans for
-   each way of cutting the chain into blocks.
+5. **fallback** (`fallback`): when no solver plan fits: compile-verified uniform plans (the user's
+   tags saved alone, JAX's policies per block, ...) that could recompute less; the chain rebuilt
+   two other ways only while nothing compiled fits.
 6. **choose** (`finish`): of every plan compiled in this process for this signature that fits,
    the one that recomputes the fewest FLOPs (counted on the compiled step's jaxpr); so a looser
    budget never recomputes more (every plan compiled for a tighter one is a candidate).
@@ -144,9 +145,6 @@ class PlanSearch:
         if best is not None:
             best = self.policy_checks(best)
             return self.accept(best[1], best[2], best[3])
-        known = _best_compiled(self.sig, self.limit)
-        if known is not None:  # a hand-written plan (or one compiled for another budget) fits: done
-            return self.finish(known)
         return self.fallback()
 
     # -- compiling -------------------------------------------------------------------------
@@ -310,11 +308,16 @@ class PlanSearch:
         return best
 
     def fallback(self) -> Planned:
-        """Phase 5, when nothing compiled fits: compile-verified candidates for each way of
+        """Phase 5, when no solver plan fits: compile-verified candidates for each way of
         cutting the chain into blocks (activations opening the next layer, closing their layer,
-        no merging at all): the solver's plan for the budget; uniform plans (`_fallback_pool`);
-        and the plan of lowest predicted peak.  Raises InfeasibleBudgetError if none fits."""
+        no merging at all; the last two only while no compiled plan fits): the solver's plan for
+        the budget; uniform plans (`_fallback_pool`); and the plan of lowest predicted peak.
+        Raises InfeasibleBudgetError if none fits."""
         for variant, m in _variants(self.g, self.model, self.offload, self.say, self.block_cache):
+            if variant != "next" and _best_compiled(self.sig, self.limit) is not None:
+                # A compiled plan fits (a hand-written one): rebuilding the chain two more ways
+                # costs region solves (at 1B, minutes with the compiles) for rarely better plans.
+                break
             if m is not self.model:
                 self.model = m
                 try:
