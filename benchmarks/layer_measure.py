@@ -29,7 +29,6 @@ import autoremat
 autoremat.configure_cpu_flags()
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 
 from autoremat._bridge import to_plan  # noqa: E402
 from autoremat._shardings import abstract_arguments  # noqa: E402
@@ -47,50 +46,13 @@ GiB = 2**30
 
 
 def llama1b():
-    """A ~1B Llama-style decoder (docs/FACTS.md fact 11's shapes): bf16, RMSNorm, rotary
-    positions, SwiGLU, causal attention; 16 layers, d_model 2048, 16 heads, d_ff 5632,
-    vocab 32000, seq 2048, batch 4.  Abstract arguments: nothing is allocated."""
-    L, D, H, F, V, S, B = 16, 2048, 16, 5632, 32000, 2048, 4
-    bf = jnp.bfloat16
-    sd = jax.ShapeDtypeStruct
-    layer = {"ln1": sd((D,), bf), "wq": sd((D, D), bf), "wk": sd((D, D), bf), "wv": sd((D, D), bf),
-             "wo": sd((D, D), bf), "ln2": sd((D,), bf), "wg": sd((D, F), bf), "wu": sd((D, F), bf),
-             "wd": sd((F, D), bf)}
-    params = {"embed": sd((V, D), bf), "layers": [dict(layer) for _ in range(L)], "ln_f": sd((D,), bf),
-              "head": sd((D, V), bf)}
-    tokens = sd((B, S), jnp.int32)
+    """A ~1B Llama-style decoder (docs/FACTS.md fact 11's shapes): `realscale.py`'s, with 16 layers
+    (bf16, RMSNorm, rotary positions, SwiGLU, causal attention; d_model 2048, 16 heads, d_ff
+    5632, vocab 32000, seq 2048, batch 4).  Abstract arguments: nothing is allocated."""
+    from realscale import make_model
 
-    def rms(x, w):
-        x32 = x.astype(jnp.float32)
-        return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + 1e-6)).astype(bf) * w
-
-    def rope(x):  # x: [B, S, H, Dh]
-        dh = x.shape[-1] // 2
-        freq = 1.0 / (10000 ** (jnp.arange(dh, dtype=jnp.float32) / dh))
-        ang = jnp.arange(x.shape[1], dtype=jnp.float32)[:, None] * freq[None, :]
-        cos, sin = jnp.cos(ang)[None, :, None, :].astype(bf), jnp.sin(ang)[None, :, None, :].astype(bf)
-        x1, x2 = x[..., :dh], x[..., dh:]
-        return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1)
-
-    def block(h, p):
-        x = rms(h, p["ln1"])
-        q, k, v = (rope((x @ p[w]).reshape(B, S, H, D // H)) if w != "wv" else (x @ p[w]).reshape(B, S, H, D // H)
-                   for w in ("wq", "wk", "wv"))
-        s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.asarray(D // H, bf))
-        s = jnp.where(jnp.tril(jnp.ones((S, S), bool)), s, jnp.asarray(-1e4, bf))
-        a = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s.astype(jnp.float32), -1).astype(bf), v)
-        h = h + a.reshape(B, S, D) @ p["wo"]
-        x = rms(h, p["ln2"])
-        return h + (jax.nn.silu(x @ p["wg"]) * (x @ p["wu"])) @ p["wd"]
-
-    def loss(params, tokens):
-        h = params["embed"][tokens]
-        for p in params["layers"]:
-            h = block(h, p)
-        logits = (rms(h, params["ln_f"]) @ params["head"]).astype(jnp.float32)
-        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[..., None], -1))
-
-    return loss, (params, tokens), "Llama-style decoder, 16 layers, d_model 2048, d_ff 5632, seq 2048, batch 4, bf16"
+    loss, args, _, _ = make_model("llama", n_layers=16)
+    return loss, args, "Llama-style decoder, 16 layers, d_model 2048, d_ff 5632, seq 2048, batch 4, bf16"
 
 
 def _model(name):

@@ -114,11 +114,13 @@ FAMILIES = {
 }
 
 
-def make_model(name: str, policies=None, prevent_cse: bool = True):
+def make_model(name: str, policies=None, prevent_cse: bool = True, n_layers: int | None = None):
     """(loss, abstract args, description, layers).  `policies`: per layer, a JAX policy name or
-    None, applied by hand with `jax.checkpoint` (scan: the first entry, on the body)."""
+    None, applied by hand with `jax.checkpoint` (scan: the first entry, on the body);
+    `n_layers`: another depth than the family's."""
     family, scan = name.removesuffix("_scan"), name.endswith("_scan")
     layer_fn, L, D, H, F, V, S, B, shapes = FAMILIES[family]
+    L = L if n_layers is None else n_layers
     one = {k: sd(s, bf) for k, s in shapes(D, F).items()}
     layers = ({k: sd((L,) + v.shape, bf) for k, v in one.items()} if scan else [dict(one) for _ in range(L)])
     params = {"embed": sd((V, D), bf), "layers": layers, "ln_f": sd((D,), bf), "head": sd((D, V), bf)}
