@@ -56,10 +56,7 @@ def to_plan(model: ChainModel, segments: Sequence[Segment], *, budget: int | Non
         info = _blocks._value(g, vid)
         if info is None:
             continue
-        op = _blocks._op(g, info.producer)
-        values[vid] = ValueRecord(vid, dec, info.type_str, info.nbytes, op.primitive if op else "input",
-                                  info.source, info.name, float(op.cost.flops) if op else 0.0,
-                                  op.multiplicity if op else 1)
+        values[vid] = ValueRecord.from_graph(vid, dec, info, _blocks._op(g, info.producer))
     m = dict(meta or {})
     if result is not None:
         m.update(solver=result.solver, status=result.status, gap=result.gap, solve_time=result.solve_time)

@@ -83,46 +83,38 @@ def layer_plan(g: Graph, layers: Sequence[Layer], policies: Sequence, *,
                 structure=tuple(describe_eqn(e) for e in traced.jaxpr.eqns))
 
 
-def _saves(policy, eqn, vid: str = "") -> bool:
-    """Whether `policy` (JAX's, by name; or a set of value ids) saves output `vid` of `eqn`
-    (jax/_src/ad_checkpoint.py)."""
+def _saves(policy, op, vid: str) -> bool:
+    """Whether `policy` (JAX's, by name; or a set of value ids) saves output `vid` of graph op
+    `op` (jax/_src/ad_checkpoint.py)."""
     if isinstance(policy, frozenset):
         return vid in policy
     if policy == "everything_saveable":
         return True
-    if policy == "nothing_saveable" or eqn.primitive.name != "dot_general":
+    if policy == "nothing_saveable" or op.primitive != "dot_general":
         return False
-    if "no_batch" in policy:
-        (_, _), (lhs_batch, rhs_batch) = eqn.params["dimension_numbers"]
-        return not lhs_batch and not rhs_batch
-    return True
+    return "no_batch" not in policy or not op.params.get("batch_dims")
 
 
-def _records(g: Graph, layers: Sequence[Layer], policies: Sequence[str | None]) -> dict[str, ValueRecord]:
+def _records(g: Graph, layers: Sequence[Layer], policies: Sequence) -> dict[str, ValueRecord]:
     """Per value produced at the top level of a layer (or in a scan layer's body) that the
     policy saves or the backward pass reads: saved or recomputed under the layer's policy
     (values inside nested calls are not listed)."""
     out = {}
-    eqns = g.traced.jaxpr.eqns
     for layer, pol in zip(layers, policies):
         if pol is None:
             continue
-        if layer.stop - layer.start == 1 and eqns[layer.start].primitive.name == "scan":
-            graph, prefix = g.ops[f"e{layer.start}"].bodies[0], f"e{layer.start}/body/"
-            body = eqns[layer.start].params["jaxpr"].jaxpr.eqns
-            where = [(k, e) for k, e in enumerate(body)]
+        scan = g.ops[f"e{layer.start}"]
+        if layer.stop - layer.start == 1 and scan.primitive == "scan":
+            graph = scan.bodies[0]
+            ops = list(graph.ops.values())
         else:
-            graph, prefix, where = g, "", [(k, eqns[k]) for k in range(layer.start, layer.stop)]
+            graph, ops = g, [op for op in g.ops.values() if layer.start <= op.index < layer.stop]
         residual = set(graph.residual_values())
-        for k, eqn in where:
-            op = graph.ops.get(f"{prefix}e{k}")
-            for j in range(len(eqn.outvars)):
-                vid = f"{prefix}e{k}:{j}"
-                if op is not None and vid in graph.values and (vid in residual or _saves(pol, eqn, vid)):
-                    info = graph.values[vid]
-                    out[vid] = ValueRecord(vid, "save" if _saves(pol, eqn, vid) else "recompute", info.type_str,
-                                           info.nbytes, op.primitive, info.source, info.name,
-                                           float(op.cost.flops), op.multiplicity)
+        for op in ops:
+            for vid in op.outputs:
+                if vid in residual or _saves(pol, op, vid):
+                    decision = "save" if _saves(pol, op, vid) else "recompute"
+                    out[vid] = ValueRecord.from_graph(vid, decision, graph.values[vid], op)
     return out
 
 

@@ -42,7 +42,6 @@ __all__ = ["optimize", "Optimized", "plan_for"]
 
 AUTO_MARGIN = 0.9  # budget="auto": this fraction of the device's memory
 _BASELINES: dict = {}  # (fingerprint, argument types) -> the un-optimized step's CompiledStats
-_Planned = Planned  # the name the CLI and tests know
 
 
 def _log(verbose: bool, msg: str):
@@ -53,7 +52,7 @@ def _log(verbose: bool, msg: str):
 def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=None, offload=None,
              solver: str = "auto", time_limit: float | None = None, argnums=0, static_argnums=(),
              has_aux: bool = False, validate: bool = True, max_rounds: int = 4, verbose: bool = False,
-             progress=None, max_candidates: int = 8, in_shardings=None) -> _Planned:
+             progress=None, max_candidates: int = 8, in_shardings=None) -> Planned:
     """Plans `fn` for one argument signature (the work behind `Optimized.plan`)."""
     kwargs = dict(kwargs or {})
     say = progress or (lambda m: _log(verbose, m))
@@ -189,7 +188,7 @@ class Optimized:
         return signature_key(args, kwargs, self._opts["static_argnums"],
                              shardings=self._opts["in_shardings"] is None)
 
-    def _planned(self, args, kwargs) -> _Planned:
+    def _planned(self, args, kwargs) -> Planned:
         key = self._key(args, kwargs)
         if key not in self._cache:
             self._cache[key] = plan_for(self.fn, self.budget, args, kwargs, **self._opts)

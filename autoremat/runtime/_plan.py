@@ -117,6 +117,13 @@ class ValueRecord:
     recompute_flops: float = 0.0
     multiplicity: int = 1
 
+    @classmethod
+    def from_graph(cls, vid: str, decision: str, info, op) -> "ValueRecord":
+        """The record of graph value `info` (a `graph.ValueInfo`) made by `op` (an `OpInfo`, or
+        None for an input)."""
+        return cls(vid, decision, info.type_str, info.nbytes, op.primitive if op else "input", info.source,
+                   info.name, float(op.cost.flops) if op else 0.0, op.multiplicity if op else 1)
+
 
 def checkpoint_names(values: Mapping[str, ValueRecord] | None, ids) -> dict[str, str]:
     """The `checkpoint_name` autoremat tags each value id with when it applies a plan.
