@@ -162,9 +162,10 @@ class HandSearch:
                               if p in self.saved_bytes])
         if line is None:
             return
+        share = self.g.device_share()  # options count per-device FLOPs, compiled plans global ones
         for _ in range(MAX_SET_COMPILES):
             bound = min((p.extra_flops for p in self.points.values() if p.peak <= limit), default=float("inf"))
-            pool = [o for o in options if o.label not in self.points and o.matmul_flops < bound
+            pool = [o for o in options if o.label not in self.points and o.matmul_flops < bound * share
                     and line[0] + line[1] * o.saved_bytes <= limit]
             if not pool:
                 return

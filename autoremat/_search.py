@@ -134,6 +134,7 @@ class PlanSearch:
         self.limit = self.budget if cpu else int(self.budget * (1 - ACCELERATOR_SAFETY))
         t = self.g.traced
         self.sig = (t.fingerprint, str(t.in_avals), self.model.none_scale)
+        self.share = self.g.device_share()  # the model's FLOPs are per device, compiled ones global
 
     def run(self) -> Planned:
         if self.validate:
@@ -188,10 +189,11 @@ class PlanSearch:
         rules; on the small transformer 0.800 vs 0.797 GFLOP for one plan); a plan that cannot
         is not compiled: at 1B parameters each compile takes 5-7 s."""
         known = _best_compiled(self.sig, self.limit)
-        if known is None or _recompute_flops(segments) < known.measured:
+        if known is None or _recompute_flops(segments) < known.measured * self.share:
             return True
         if not quiet:
-            self.say(f"  (a plan recomputing {_recompute_flops(segments) / 1e9:.4g} GFLOP cannot beat the compiled "
+            flops = _recompute_flops(segments) / self.share
+            self.say(f"  (a plan recomputing {flops / 1e9:.4g} GFLOP cannot beat the compiled "
                      f"{known.plan.meta.get('found_by', 'plan')}, +{known.measured / 1e9:.4g} GFLOP: not compiled)")
         return False
 
