@@ -79,7 +79,7 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
     baseline_peak = none_flops = None
     if validate or isinstance(budget, float):
         # A fraction is of the compiled un-optimized peak, also with validate=False.
-        key = (traced.fingerprint, str(traced.in_avals))
+        key = traced.signature
         if key not in _BASELINES:  # one compile per signature and process (5 s at 1B parameters)
             _BASELINES[key] = compiled_stats(fn, *abstract_args, **stats_kw, **abstract_kwargs)
         st = _BASELINES[key]

@@ -133,7 +133,7 @@ class PlanSearch:
         cpu = jax.default_backend() == "cpu"
         self.limit = self.budget if cpu else int(self.budget * (1 - ACCELERATOR_SAFETY))
         t = self.g.traced
-        self.sig = (t.fingerprint, str(t.in_avals), self.model.none_scale)
+        self.sig = (t.signature, self.model.none_scale)
         self.share = self.g.device_share()  # the model's FLOPs are per device, compiled ones global
 
     def run(self) -> Planned:
@@ -205,8 +205,7 @@ class PlanSearch:
         none = HandPlan("no remat", None, self.baseline_peak, 0.0)
         hand = HandSearch(self.g, self.layers, self.compile_hand, none, self.say, self.meta)
         hand.uniform()
-        t = self.g.traced
-        key = (t.fingerprint, str(t.in_avals))
+        key = self.g.traced.signature
         if key not in _LAYER_OPTIONS:  # CP-SAT per distinct layer and cap: once per signature
             _LAYER_OPTIONS[key] = ilp_options(self.g, self.layers)
         hand.solver_sets(self.limit, _LAYER_OPTIONS[key])

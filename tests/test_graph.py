@@ -452,3 +452,39 @@ def test_find_layers_finds_every_repeated_layer():
     assert list(gs.ops.values())[only.start].primitive == "scan" and only.stop == only.start + 1
     conv = get_example("convnet")
     assert find_layers(build_graph(conv.fn, *conv.args)) == ()
+
+
+_TP_SCRIPT = textwrap.dedent("""
+    import json
+    import jax, jax.numpy as jnp
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    from autoremat.graph import build_graph
+
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    x = jax.ShapeDtypeStruct((64, 32), jnp.float32, sharding=NamedSharding(mesh, P("data", None)))
+    w = jax.ShapeDtypeStruct((32, 16), jnp.float32, sharding=NamedSharding(mesh, P(None, "model")))
+    fn = lambda w, x: jnp.mean(jnp.tanh(x @ w))
+    g = build_graph(fn, w, x)
+    out = {op.primitive: g.values[op.outputs[0]].nbytes for op in g.ops.values()}
+    # The same step on another layout is another signature (plans and compiles are cached by it).
+    w_fsdp = jax.ShapeDtypeStruct(w.shape, w.dtype, sharding=NamedSharding(mesh, P("data", None)))
+    out["same_signature"] = build_graph(fn, w_fsdp, x).traced.signature == g.traced.signature
+    print("RESULT" + json.dumps(out))
+""")
+
+
+def test_tensor_parallel_values_are_split_as_xla_lays_them_out():
+    """x split 4 ways by rows, w 2 ways by columns: XLA splits x @ w both ways (8 pieces); the
+    rule 'as split as the most split input' said 4.  And a trace's signature tells layouts
+    apart: keyed without shardings, a plan search on FSDP x TP reused FSDP's compiled hand
+    plans (benchmarks/sharded.py, 8B scan: +35 TFLOP recomputed where dots_saveable fitted)."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=" ".join(["--xla_force_host_platform_device_count=8",
+                                                                    *CPU_XLA_FLAGS]))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", _TP_SCRIPT], env=env, cwd=root, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    nbytes = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert nbytes["dot_general"] == nbytes["tanh"] == 64 * 16 * 4 // 8
+    assert nbytes["same_signature"] is False

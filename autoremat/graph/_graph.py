@@ -286,7 +286,8 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
             # checkpoint_name is an identity: its input carries the user's name too.
             named_alias[in_ids[0]] = user_name
         res = eqn_residuals(eqn, in_d) if any_d and live[idx] else EqnResiduals((False,) * len(in_ids), (False,) * len(out_ids), 0)
-        bodies = _bodies(eqn, oid, prof, in_d, [div[x] if x else 1.0 for x in in_ids], multiplicity)
+        body_div = {k[1:]: f for k, f in given.items() if len(k) == 3 and k[0] == idx}
+        bodies = _bodies(eqn, oid, prof, in_d, [div[x] if x else 1.0 for x in in_ids], multiplicity, body_div)
         cost = eqn_cost(eqn)
         if out_div > 1:
             cost = cost.scale(1.0 / out_div)
@@ -363,12 +364,12 @@ def _fusible_jaxpr(jaxpr, nested: int) -> bool:
                for e in eqns)
 
 
-def _bodies(eqn, oid, prof, in_d, in_div, multiplicity) -> tuple[Graph, ...]:
+def _bodies(eqn, oid, prof, in_d, in_div, multiplicity, body_div=None) -> tuple[Graph, ...]:
     name = eqn.primitive.name
     if name not in _BODY_KEYS:
         return ()
     try:
-        return _bodies_of(eqn, oid, prof, in_d, in_div, multiplicity)
+        return _bodies_of(eqn, oid, prof, in_d, in_div, multiplicity, body_div)
     except (KeyError, AttributeError) as e:
         # A JAX version whose control-flow parameters we do not know: keep the equation
         # opaque (costed and linearized as a whole) rather than fail.
@@ -378,7 +379,9 @@ def _bodies(eqn, oid, prof, in_d, in_div, multiplicity) -> tuple[Graph, ...]:
         return ()
 
 
-def _bodies_of(eqn, oid, prof, in_d, in_div, multiplicity) -> tuple[Graph, ...]:
+def _bodies_of(eqn, oid, prof, in_d, in_div, multiplicity, body_div=None) -> tuple[Graph, ...]:
+    """The graphs of `eqn`'s bodies; a scan body's values split as `body_div` says (XLA's layout,
+    `propagated_divisors`) where it does."""
     name = eqn.primitive.name
     out = []
     if name == "scan":
@@ -392,7 +395,7 @@ def _bodies_of(eqn, oid, prof, in_d, in_div, multiplicity) -> tuple[Graph, ...]:
             d[k] = d[k] or any_d
         # Scanned-over inputs lose their leading axis: the divisor stays (batch sharding).
         out.append(_build(bj, prof, prefix=f"{oid}/body/", in_diff=d, in_div=list(in_div),
-                          arg_names=None, multiplicity=multiplicity * int(eqn.params["length"])))
+                          arg_names=None, multiplicity=multiplicity * int(eqn.params["length"]), out_div=body_div))
     elif name == "while":
         cn, bn = eqn.params["cond_nconsts"], eqn.params["body_nconsts"]
         body = eqn.params["body_jaxpr"]

@@ -7,9 +7,10 @@ sharded FSDP x TP over a (4, 2) mesh it put the forward values at 804 MiB per de
 XLA's layout holds 2030 MiB (`benchmarks/sharded.py` has the model), and the chain solver's
 plans compiled 2x over their predicted peak.
 
-So the forward jaxpr is compiled once with every top-level value as an extra output, and
-each output's sharding (`Compiled.output_shardings`, what propagation chose for it) gives the
-value's per-device size.  One forward compile per signature: 2 s for that decoder.
+So the forward pass is compiled once with every value as an extra output (a scan body's
+values as extra stacked outputs of the scan), and each output's sharding
+(`Compiled.output_shardings`, what propagation chose for it) gives the value's per-device
+size.  One forward compile per signature: 2 s for that decoder.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import jax
 import jax.extend as jex
 import numpy as np
 
+from autoremat.graph._interpret import eval_eqn, eval_jaxpr, scan_counts
 from autoremat.graph._trace import Traced, concrete_sharding
 
 __all__ = ["propagated_divisors"]
@@ -25,37 +27,84 @@ __all__ = ["propagated_divisors"]
 _CACHE: dict = {}
 
 
-def propagated_divisors(t: Traced) -> dict[tuple[int, int], float]:
-    """`{(equation index, output index): factor}` for the top-level values of `t`'s jaxpr: how
+def propagated_divisors(t: Traced) -> dict[tuple, float]:
+    """`{(equation, output): factor}` for the top-level values of `t`'s jaxpr, and `{(scan
+    equation, body equation, output): factor}` for the values of top-level scans' bodies: how
     many pieces XLA splits each into (1.0 replicated); empty when no argument is sharded or the
     forward pass does not compile on its own (callers then fall back to their own estimate)."""
     shardings = [concrete_sharding(s) for s in (t.in_shardings or ())]
     if not any(s is not None for s in shardings):
         return {}
-    key = (t.fingerprint, str(t.in_avals), tuple(str(s) for s in shardings))
+    key = t.signature
     if key not in _CACHE:
         _CACHE[key] = _compile_divisors(t, shardings)
     return _CACHE[key]
 
 
-def _compile_divisors(t: Traced, shardings: list) -> dict[tuple[int, int], float]:
-    jaxpr = t.closed_jaxpr.jaxpr
-    where, extra = [], []
-    for i, eqn in enumerate(jaxpr.eqns):
-        for j, v in enumerate(eqn.outvars):
-            if _splittable(v.aval):
-                where.append((i, j))
-                extra.append(v)
-    if not extra:
-        return {}
-    widened = jex.core.ClosedJaxpr(jaxpr.replace(outvars=list(jaxpr.outvars) + extra), t.closed_jaxpr.consts)
+def _compile_divisors(t: Traced, shardings: list) -> dict[tuple, float]:
     args = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s) for a, s in zip(t.in_avals, shardings)]
+    where: list[tuple] = []
+
+    def widened(*flat):
+        values, where[:] = _forward_exposing(t.closed_jaxpr, flat)
+        return values
+
     try:
-        out = jax.jit(jex.core.jaxpr_as_fun(widened)).lower(*args).compile().output_shardings
+        out = jax.jit(widened).lower(*args).compile().output_shardings
     except Exception:  # noqa: BLE001 - a layout we cannot compile alone: the caller's estimate stands
         return {}
-    out = out[len(jaxpr.outvars):]
-    return {w: _factor(v.aval, s) for w, v, s in zip(where, extra, out)}
+    return {w: _factor(aval, s) for (w, aval), s in zip(where, out)}
+
+
+def _forward_exposing(closed, flat) -> tuple[list, list]:
+    """Evaluates the forward jaxpr; returns every splittable top-level value and every value of
+    a top-level scan's body (stacked over the iterations), with `((index...), aval)` of each."""
+    jaxpr, env = closed.jaxpr, {}
+    read = lambda v: v.val if isinstance(v, jex.core.Literal) else env[v]  # noqa: E731
+    for v, x in zip(jaxpr.constvars, closed.consts):
+        env[v] = x
+    for v, x in zip(jaxpr.invars, flat):
+        env[v] = x
+    values, where = [], []
+    for i, eqn in enumerate(jaxpr.eqns):
+        invals = [read(v) for v in eqn.invars]
+        if eqn.primitive.name == "scan":
+            outs, inner = _scan_exposing(eqn, invals)
+            for (k, j), (aval, x) in inner.items():
+                values.append(x)
+                where.append(((i, k, j), aval))
+        else:
+            outs = eval_eqn(eqn, invals)
+        for j, (v, x) in enumerate(zip(eqn.outvars, outs)):
+            env[v] = x
+            if _splittable(v.aval):
+                values.append(x)
+                where.append(((i, j), v.aval))
+    return values, where
+
+
+def _scan_exposing(eqn, invals) -> tuple[list, dict]:
+    """The scan of `eqn`, also returning its body's splittable values as stacked outputs:
+    `(outputs, {(body equation, output): (per-iteration aval, stacked value)})`."""
+    body = eqn.params["jaxpr"]
+    n_consts, n_carry = scan_counts(eqn.params)
+    consts, init, xs = invals[:n_consts], invals[n_consts:n_consts + n_carry], invals[n_consts + n_carry:]
+    picks = [((k, j), v.aval) for k, e in enumerate(body.jaxpr.eqns) for j, v in enumerate(e.outvars)
+             if _splittable(v.aval)]
+
+    def step(carry, x):
+        got = {}
+
+        def keep(k, e, outs):
+            got.update({(k, j): o for j, o in enumerate(outs)})
+            return outs
+
+        outs = eval_jaxpr(body.jaxpr, body.consts, [*consts, *carry, *x], inline=False, on_eqn=keep)
+        return outs[:n_carry], (outs[n_carry:], [got[p] for p, _ in picks])
+
+    carry, (ys, inner) = jax.lax.scan(step, list(init), list(xs), length=eqn.params["length"],
+                                      reverse=eqn.params["reverse"])
+    return [*carry, *ys], {p: (aval, x) for (p, aval), x in zip(picks, inner)}
 
 
 def _splittable(aval) -> bool:

@@ -53,6 +53,13 @@ class Traced:
     # How many of the user's own jax.checkpoint calls inlining removed (0 with inline=False).
     user_checkpoints: int = 0
 
+    @property
+    def signature(self) -> tuple:
+        """What a plan, a compile or a measurement of this trace depends on: the jaxpr's
+        structure, the inputs' types and their shardings (the same step on another mesh
+        layout compiles to other per-device peaks)."""
+        return self.fingerprint, str(self.in_avals), tuple(str(s) for s in self.in_shardings)
+
     def user_lines(self) -> list[int | None]:
         """Per top-level equation, the line of the traced function that issued it (None when
         the function's frame is not in the equation's traceback, or its code is unknown)."""
