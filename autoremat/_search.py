@@ -402,7 +402,14 @@ class PlanSearch:
         return InfeasibleBudgetError(
             f"budget {format_bytes(self.budget)} is below what autoremat could reach for {self.meta['function']}: "
             f"the lowest compiled peak it found is {format_bytes(lowest)}{margin}; raise the budget to at least "
-            f"{format_bytes(need)}" + self._offload_hint(), budget=self.budget, lowest=need)
+            f"{format_bytes(need)}" + self._offload_hint() + self._opaque_hint(), budget=self.budget, lowest=need)
+
+    def _opaque_hint(self) -> str:
+        """Name what the planner cannot see into, where the step has it."""
+        if not any(op.primitive == "shard_map" for op in self.g.ops.values()):
+            return ""
+        return ("; autoremat does not plan inside shard_map bodies yet (each is one opaque step to it): put "
+                "jax.checkpoint inside the body, or shard with NamedSharding inputs under jax.jit instead")
 
     def _offload_hint(self) -> str:
         """Suggest offload only where it can help: off, not on the CPU (host memory is device

@@ -168,3 +168,25 @@ def test_optimize_inside_jit_plans_per_device():
         assert row["grad_err"] == 0.0, (kind, row)
     assert "error" not in out["explicit"]  # JAX's abstract values carry explicit shardings
     assert "in_shardings" in out["auto"]["error"] and "Explicit" in out["auto"]["error"]
+
+
+def test_shard_map_bodies_are_named_when_no_plan_fits():
+    """The planner sees a shard_map as one opaque equation: a budget only remat inside its body
+    could meet is infeasible, and the error says why and what to write instead."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    mesh = jax.make_mesh((4,), ("data",))
+
+    def body(ws, x):
+        for w1, w2 in ws:
+            x = x + jnp.tanh(x @ w1) @ w2
+        return x
+
+    def loss(ws, x):
+        f = jax.shard_map(body, mesh=mesh, in_specs=(P(), P("data")), out_specs=P("data"))
+        return jnp.mean(f(ws, x) ** 2)
+
+    ws = jax.device_put([(jnp.ones((16, 64)) / 16, jnp.ones((64, 16)) / 64)] * 4, NamedSharding(mesh, P()))
+    x = jax.device_put(jnp.ones((256, 16)), NamedSharding(mesh, P("data")))
+    with pytest.raises(autoremat.InfeasibleBudgetError, match="inside shard_map bodies.*jax.checkpoint inside"):
+        autoremat.optimize(loss, budget=0.5)(ws, x)
