@@ -15,6 +15,8 @@ from autoremat._errors import PlanMismatchError
 from autoremat._errors import ShardingUnknownError
 from autoremat._errors import SolverError
 from autoremat._errors import UnsupportedFunctionError
+from autoremat._fit import FitResult
+from autoremat._fit import fit
 from autoremat._optimize import Optimized
 from autoremat._optimize import optimize
 from autoremat._xla import configure_cpu_flags
@@ -29,6 +31,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AutorematError",
     "BudgetError",
+    "FitResult",
     "InfeasibleBudgetError",
     "Optimized",
     "Plan",
@@ -39,6 +42,7 @@ __all__ = [
     "UnsupportedFunctionError",
     "apply",
     "configure_cpu_flags",
+    "fit",
     "inspect",
     "optimize",
     "parse_budget",

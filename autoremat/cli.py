@@ -633,6 +633,54 @@ def _markdown(rows, *, validate: bool, none_time) -> str:
     return "\n".join(lines)
 
 
+def _overhead_option(ctx, param, value):
+    if value is None:
+        return None
+    text = value.strip()
+    try:
+        frac = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a fraction such as 10% or 0.1") from None
+    if frac < 0:
+        raise click.BadParameter(f"{value!r} is negative; give the extra FLOPs you accept, such as 10%")
+    return frac
+
+
+@main.command()
+@_model_options
+@click.option("--budget", "-b", required=True, help="Peak memory per device: 80GB, 7.5GiB, 512MiB or bytes.")
+@click.option("--param", default="batch", show_default=True, metavar="NAME",
+              help="The factory's keyword argument to vary (batch, seq, ...).")
+@click.option("--min", "lo", default=1, show_default=True, type=click.IntRange(min=1), help="Smallest size.")
+@click.option("--max", "hi", default=None, type=click.IntRange(min=1),
+              help="Largest size [default: doubling until one does not fit].")
+@click.option("--max-overhead", callback=_overhead_option, metavar="PCT",
+              help="Accept a plan only if it recomputes at most this share of the step's FLOPs (10% or 0.1).")
+@click.option("--device", metavar="PROFILE", help="Device profile for the time model [default: detected].")
+@click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
+def fit(model, example, sets, budget, param, lo, hi, max_overhead, device, quiet):
+    """The largest --param (batch size, sequence length) whose training step fits --budget,
+    as written and with autoremat's plan (compile-only with abstract arguments)."""
+    from autoremat._fit import fit as fit_sizes
+
+    spec, fixed = _spec(model, example), _parse_sets(sets)
+    _check_device(device)
+    if hi is not None and hi < lo:
+        raise click.BadParameter(f"--max {hi} is below --min {lo}", param_hint="'--max'")
+    budget = _budget_option(None, None, budget)
+    if isinstance(budget, float) or budget == "auto":
+        raise click.BadParameter("fit needs an absolute budget such as 80GB: the un-optimized peak changes "
+                                 "with the size", param_hint="'--budget'")
+
+    def factory(size):
+        m = load_model(spec, sets={**fixed, param: size})
+        return m.fn, m.args, m.kwargs
+
+    result = fit_sizes(factory, budget, lo=lo, hi=hi, max_overhead=max_overhead, device=device,
+                       progress=_progress(quiet))
+    click.echo(result.table())
+
+
 @main.command()
 @click.option("-o", "--output", default=None, type=click.Path(dir_okay=False),
               help="Keep the demo plan in this file (default: nothing is written).")
