@@ -142,8 +142,8 @@ class Graph:
 
     def device_share(self) -> float:
         """One device's share of the step's FLOPs: the graph's per-device forward FLOPs over the
-        traced jaxpr's global ones (1.0 unsharded, exactly: the same cost rules; 0.125 for a
-        decoder sharded FSDP x TP over 8 devices).  Compiled steps count global jaxpr FLOPs;
+        traced jaxpr's global ones (1.0 unsharded, exactly: the same cost rules; about 0.125
+        for a decoder sharded FSDP x TP over 8 devices).  Compiled steps count global jaxpr FLOPs;
         this puts them in the graph's terms."""
         if self.traced is None:
             return 1.0
@@ -232,7 +232,7 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
     """The graph of `jaxpr`.  A value is split over devices as XLA laid it out where `out_div`
     says (`{(equation, output): factor}`, `propagated_divisors`), else as finely as its most
     split input."""
-    given = out_div or {}
+    given, per_body = _split_divisors(out_div or {})
     values: dict[str, ValueInfo] = {}
     ops: dict[str, OpInfo] = {}
     var_id: dict[int, str] = {}
@@ -286,8 +286,8 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
             # checkpoint_name is an identity: its input carries the user's name too.
             named_alias[in_ids[0]] = user_name
         res = eqn_residuals(eqn, in_d) if any_d and live[idx] else EqnResiduals((False,) * len(in_ids), (False,) * len(out_ids), 0)
-        body_div = {k[1:]: f for k, f in given.items() if len(k) == 3 and k[0] == idx}
-        bodies = _bodies(eqn, oid, prof, in_d, [div[x] if x else 1.0 for x in in_ids], multiplicity, body_div)
+        bodies = _bodies(eqn, oid, prof, in_d, [div[x] if x else 1.0 for x in in_ids], multiplicity,
+                         per_body.get(idx))
         cost = eqn_cost(eqn)
         if out_div > 1:
             cost = cost.scale(1.0 / out_div)
@@ -306,6 +306,15 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
             values[vid] = _replace(values[vid], name=name)
     outputs = tuple(var_id[id(v)] for v in jaxpr.outvars if not isinstance(v, jex.core.Literal))
     return Graph(values, ops, tuple(inputs), outputs, prof, prefix)
+
+
+def _split_divisors(out_div: dict) -> tuple[dict, dict[int, dict]]:
+    """`propagated_divisors`' factors: (this jaxpr's values', {scan equation: its body's})."""
+    per_body: dict[int, dict] = {}
+    for k, f in out_div.items():
+        if len(k) == 3:
+            per_body.setdefault(k[0], {})[k[1:]] = f
+    return {k: f for k, f in out_div.items() if len(k) == 2}, per_body
 
 
 def _op_params(eqn) -> dict:
