@@ -673,8 +673,7 @@ def fit(model, example, sets, budget, param, lo, hi, max_overhead, device, quiet
                                  "with the size", param_hint="'--budget'")
 
     def factory(size):
-        m = load_model(spec, sets={**fixed, param: size})
-        return m.fn, m.args, m.kwargs
+        return load_model(spec, sets={**fixed, param: size})  # a LoadedModel: .fn, .args, .kwargs
 
     result = fit_sizes(factory, budget, lo=lo, hi=hi, max_overhead=max_overhead, device=device,
                        progress=_progress(quiet))
