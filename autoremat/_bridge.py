@@ -5,11 +5,14 @@ every stage; the stages never import it).
   per-value decisions for the traced function.
 * `plan_segments(model, plan)`: the inverse, for reports on a saved plan.
 * `baseline_segments(model, option)`: a JAX policy applied per block, in the chain's terms.
+* `with_recompute_flops(g, plan)`: the plan with the FLOPs it re-runs per top-level equation
+  (for the per-layer view, `runtime/_by_layer.py`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from autoremat._errors import AutorematError
 from autoremat.graph._trace import describe_eqn
@@ -17,8 +20,9 @@ from autoremat.runtime._plan import Plan, Region, ScanPlan, ValueRecord
 from autoremat.solver import _blocks
 from autoremat.solver._chain import Segment, SolveResult
 from autoremat.solver._chain_model import ChainModel
+from autoremat.solver._recompute import _closure
 
-__all__ = ["to_plan", "plan_segments", "baseline_segments"]
+__all__ = ["to_plan", "plan_segments", "baseline_segments", "with_recompute_flops"]
 
 
 def to_plan(model: ChainModel, segments: Sequence[Segment], *, budget: int | None = None,
@@ -51,6 +55,9 @@ def to_plan(model: ChainModel, segments: Sequence[Segment], *, budget: int | Non
             for vid in model.data[b.index].residuals | model.data[b.index].produced & (saved | off):
                 if g.values[vid].producer in b.ops:
                     decisions[vid] = "offload" if vid in off else ("save" if vid in saved else "recompute")
+    for vid in _kept_at_boundaries(g, regions):
+        decisions[vid] = "save"  # a later region's input (or a later equation's residual)
+    _keep_named_copies(g, decisions, regions, scans)
     values = {}
     for vid, dec in decisions.items():
         info = _blocks._value(g, vid)
@@ -67,6 +74,37 @@ def to_plan(model: ChainModel, segments: Sequence[Segment], *, budget: int | Non
         predicted_peak=result.peak_bytes if result is not None else None, budget=budget,
         estimated_extra_time=result.objective if result is not None else None, meta=m,
         structure=tuple(describe_eqn(e) for e in t.jaxpr.eqns))
+
+
+def _kept_at_boundaries(g, regions) -> set[str]:
+    """Values a region produces that stay in memory anyway: an equation after the region reads
+    them, and either a later region keeps them as its input or the reader's backward pass does."""
+    region_of = {}
+    for k, r in enumerate(regions):
+        for i in range(r.start, r.stop):
+            region_of[i] = k
+    kept = set()
+    for op in g.ops.values():
+        k = region_of.get(op.index)
+        for v in op.inputs:
+            prod = g.values[v].producer if v in g.values else None
+            if prod is None or region_of.get(g.ops[prod].index, k) == k or region_of.get(g.ops[prod].index) is None:
+                continue
+            if k is not None or v in op.residual_inputs:
+                kept.add(v)
+    return kept
+
+
+def _keep_named_copies(g, decisions: dict, regions, scans) -> None:
+    """A `checkpoint_name` of a kept value is kept too: it is the same buffer."""
+    kept = {v for v, d in decisions.items() if d != "recompute"}
+    for part in (*regions, *scans):
+        kept |= part.saved | part.offloaded
+    for vid, dec in decisions.items():
+        info = _blocks._value(g, vid)
+        op = _blocks._op(g, info.producer) if info is not None and info.producer else None
+        if dec == "recompute" and op is not None and op.primitive == "name" and op.inputs and op.inputs[0] in kept:
+            decisions[vid] = "save"
 
 
 def plan_segments(model, plan):
@@ -162,3 +200,29 @@ def baseline_segments(model, option: str | None):
             match = [min(opts, key=lambda o: (max(o.stored_bytes, o.backward_bytes), o.extra_time))]
         segs.append(Segment(i, i + 1, match[0]))
     return tuple(segs), substituted
+
+
+def with_recompute_flops(g, plan: Plan) -> Plan:
+    """`plan` with `meta["recompute_flops"]`: per top-level equation, the model's FLOPs of the
+    equations the backward pass re-runs in it (a scan: its body's, times the trip count), from
+    the recompute closure of what each region and scan body keeps."""
+    kept = {vid for vid, rec in plan.values.items() if rec.decision != "recompute"}
+    for part in (*plan.regions, *plan.scans):
+        kept |= part.saved | part.offloaded
+    out: dict[str, float] = {}
+    for r in plan.regions:
+        ops = [op.id for op in g.ops.values() if r.start <= op.index < r.stop]
+        inside = {v for o in ops for v in g.ops[o].outputs}
+        residuals = frozenset(v for o in ops for v in g.ops[o].residual_inputs + g.ops[o].residual_outputs
+                              if v in inside)
+        recomputed, _ = _closure(g, ops, frozenset(kept), frozenset(), residuals)
+        for o in recomputed:
+            key = str(g.ops[o].index)
+            out[key] = out.get(key, 0.0) + g.ops[o].cost.flops * g.ops[o].multiplicity
+    for s in plan.scans:
+        body = g.ops[s.op].bodies[0]
+        ops = list(body.ops)
+        recomputed, _ = _closure(body, ops, frozenset(kept), frozenset(), frozenset(body.residual_values()))
+        key = str(g.ops[s.op].index)
+        out[key] = sum(body.ops[o].cost.flops * body.ops[o].multiplicity for o in recomputed)
+    return replace(plan, meta={**plan.meta, "recompute_flops": out})

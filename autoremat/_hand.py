@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from autoremat._layer_options import fit_peak_line
 from autoremat._units import format_bytes
 from autoremat.graph._graph import Graph
-from autoremat.graph._layers import Layer
+from autoremat.graph._layers import Layer, layer_spans
 from autoremat.graph._trace import describe_eqn
 from autoremat.runtime._plan import Plan, Region, ScanPlan, ValueRecord
 
@@ -79,7 +79,7 @@ def layer_plan(g: Graph, layers: Sequence[Layer], policies: Sequence, *,
             regions.append(Region(layer.start, layer.stop, policy=pol, label=f"layer {k}: {pol}"))
     return Plan(fingerprint=traced.fingerprint, n_eqns=len(traced.jaxpr.eqns), regions=tuple(regions),
                 scans=tuple(scans), argnums=traced.argnums, static_argnums=traced.static_argnums,
-                has_aux=traced.has_aux, meta=dict(meta or {}), values=_records(g, layers, policies),
+                has_aux=traced.has_aux, meta={"layers": layer_spans(layers), **(meta or {})}, values=_records(g, layers, policies),
                 structure=tuple(describe_eqn(e) for e in traced.jaxpr.eqns))
 
 

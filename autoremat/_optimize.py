@@ -27,7 +27,7 @@ from autoremat._bridge import to_plan
 from autoremat._search import Planned, PlanSearch
 from autoremat._shardings import abstract_arguments
 from autoremat.graph._graph import graph_from_traced
-from autoremat.graph._layers import find_layers
+from autoremat.graph._layers import find_layers, layer_spans
 from autoremat.graph._profiles import detect_profile, get_profile
 from autoremat.graph._trace import check_reverse_mode, signature_key, split_static, trace
 from autoremat.runtime._apply import apply, run_plan
@@ -94,10 +94,11 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
         model = _calibrated(fn, g, model, (abstract_args, abstract_kwargs, stats_kw), baseline_peak, offload,
                             block_cache, say)
 
+    layers = find_layers(g)
     meta = {"function": getattr(fn, "__name__", "fn"), "jax": jax.__version__, "backend": jax.default_backend(),
-            "baseline_peak": baseline_peak, "blocks": len(model.blocks)}
+            "baseline_peak": baseline_peak, "blocks": len(model.blocks), "layers": layer_spans(layers)}
     search = PlanSearch(fn, g, model, abstract_args, abstract_kwargs, stats_kw, budget_bytes, meta, say,
-                        layers=find_layers(g), baseline_peak=baseline_peak, none_flops=none_flops or (0.0, 0.0),
+                        layers=layers, baseline_peak=baseline_peak, none_flops=none_flops or (0.0, 0.0),
                         offload=offload, profile_name=profile.name, solver=solver, time_limit=time_limit,
                         validate=validate, max_rounds=max_rounds, max_candidates=max_candidates,
                         block_cache=block_cache)

@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import jax
 
-from autoremat._bridge import to_plan
+from autoremat._bridge import to_plan, with_recompute_flops
 from autoremat._errors import InfeasibleBudgetError
 from autoremat._hand import HandPlan, HandSearch
 from autoremat._layer_options import ilp_options
@@ -377,10 +377,11 @@ class PlanSearch:
             **best.plan.meta, **self.meta, "compiled_peak": best.peak, "rounds": _rounds(self.history),
             "found_by": how, "extra_flops": best.measured, "extra_matmul_flops": best.matmul,
             "hand_candidates": _hand_table(self.sig)})
-        return Planned(plan, self.g.traced, self.model, self.baseline_peak, self.history)
+        return Planned(with_recompute_flops(self.g, plan), self.g.traced, self.model, self.baseline_peak, self.history)
 
     def _unvalidated(self, result) -> Planned:
-        plan = to_plan(self.model, result.segments, budget=self.budget, result=result, meta=self.meta)
+        plan = with_recompute_flops(self.g, to_plan(self.model, result.segments, budget=self.budget, result=result,
+                                                    meta=self.meta))
         warnings.warn(
             f"autoremat: plan for {self.meta['function']} predicts {format_bytes(result.peak_bytes)} for the budget "
             f"{format_bytes(self.budget)} but was NOT compiled to check it (validate=False)", stacklevel=6)

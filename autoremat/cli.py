@@ -450,12 +450,13 @@ def _search(spec, sets, budget, output, *, device=None, offload=None, solver="au
 @main.command()
 @click.argument("plan_file", metavar="PLAN", type=click.Path(exists=True, dir_okay=False))
 @click.option("--max-rows", default=40, show_default=True, type=click.IntRange(min=0),
-              help="Rows of the decision table.")
-def show(plan_file, max_rows):
-    """Print a saved plan's decision table with totals."""
+              help="Rows of the per-value table (with --verbose).")
+@click.option("-v", "--verbose", is_flag=True, help="Also the checkpoint regions and every value's decision.")
+def show(plan_file, max_rows, verbose):
+    """Print a saved plan per layer: what each keeps, offloads and recomputes, and why."""
     from autoremat.runtime._plan import Plan
 
-    click.echo(Plan.load(plan_file).summary(max_rows=max_rows))
+    click.echo(Plan.load(plan_file).summary(max_rows=max_rows, verbose=verbose))
 
 
 @main.command()

@@ -86,9 +86,12 @@ def test_search_example_object_factory(tmp_path):
 
 def test_show(plan_file):
     out, _ = plan_file
-    result = run("show", out / "plan.json", "--max-rows", "1")
+    result = run("show", out / "plan.json")
     assert result.stdout.startswith("autoremat plan for loss")
-    assert "totals: save" in result.stdout and "more values" in result.stdout
+    assert "per layer" in result.stdout and "totals: save" in result.stdout
+    assert "more values" not in result.stdout and "checkpoint eqns" not in result.stdout
+    verbose = run("show", out / "plan.json", "--verbose", "--max-rows", "1").stdout
+    assert "more values" in verbose and "regions:" in verbose
 
 
 def test_export_stdout_and_file(plan_file, tmp_path):

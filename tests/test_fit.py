@@ -1,6 +1,5 @@
 """`autoremat.fit` / `autoremat fit`: the largest size whose training step fits a budget."""
 
-import jax
 import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings, strategies as st

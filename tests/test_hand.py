@@ -111,3 +111,21 @@ def test_policy_plans_work_under_remat3(remat3):
         assert abs(compiled_stats(apply(ex.fn, plan), *ex.args).peak_bytes - off) <= 0.001 * off
         expected = jax.jit(jax.value_and_grad(ex.fn))(*ex.args)
         assert_trees_close(jax.jit(jax.value_and_grad(apply(ex.fn, plan)))(*ex.args), expected)
+
+
+@pytest.mark.parametrize("policy", ["nothing_saveable", "dots_with_no_batch_dims_saveable"])
+def test_recompute_flops_per_layer_match_the_compiled_step(policy):
+    """`with_recompute_flops` (the per-layer GFLOP of `plan.summary()`): for a policy per layer
+    of the 4-layer transformer, equal in every layer and adding up to the compiled step's extra
+    FLOPs within 2% (measured: 2.4481 vs 2.4465 GFLOP, 0.3006 vs 0.3032)."""
+    from autoremat._bridge import with_recompute_flops
+
+    ex = examples.get_example("transformer")
+    g, layers = _layers(ex)
+    plan = with_recompute_flops(g, _hand.layer_plan(g, layers, [policy] * len(layers)))
+    per_eqn = plan.meta["recompute_flops"]
+    per_layer = [sum(per_eqn.get(str(i), 0.0) for i in range(l.start, l.stop)) for l in layers]
+    assert per_layer[0] > 0 and all(f == pytest.approx(per_layer[0]) for f in per_layer)
+    none = compiled_stats(ex.fn, *ex.args).jaxpr_flops
+    extra = compiled_stats(apply(ex.fn, plan), *ex.args).jaxpr_flops - none
+    assert sum(per_eqn.values()) == pytest.approx(extra, rel=0.02)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import re
@@ -14,7 +15,10 @@ import pytest
 from jax._src.ad_checkpoint import saved_residuals  # jax.ad_checkpoint only exports print_saved_residuals
 from jax.ad_checkpoint import checkpoint_name
 
-from autoremat import examples
+from autoremat import _hand, examples
+from autoremat._units import format_bytes
+from autoremat.graph._layers import find_layers
+from autoremat.runtime._by_layer import layer_rows
 from autoremat._errors import PlanFormatError, PlanMismatchError
 from autoremat.graph._graph import graph_from_traced
 from autoremat.graph._interpret import INLINE_PRIMITIVES, inner_jaxpr
@@ -370,7 +374,7 @@ def test_to_python_without_user_names_matches_hand_written_mlp(offload, records)
 
 def test_summary_has_totals_and_decisions():
     _, _, plan = mlp()
-    text = plan.summary()
+    text = plan.summary(verbose=True)
     print(text)
     totals = plan.totals()
     assert totals["save"] > 0 and totals["offload"] > 0 and totals["recompute"] > 0
@@ -381,5 +385,40 @@ def test_summary_has_totals_and_decisions():
     assert "regions: 3" in text and "budget 3" in text and "predicted peak" in text
     assert "checkpoint eqns [0, 11): 1 saved, 0 offloaded  (layer 0: dots saved)" in text
     assert plan.fingerprint in text
-    short = plan.summary(max_rows=2)
+    short = plan.summary(max_rows=2, verbose=True)
     assert f"... {len(plan.values) - 2} more values" in short and "totals:" in short
+
+
+def test_summary_speaks_per_layer():
+    """The default summary is per layer (issue 17): each layer's code, and its bytes per
+    decision adding up to the plan's totals; no internal value ids or equation ranges."""
+    _, _, plan = mlp()
+    ranges = block_ranges("mlp_chain", **MLP)
+    plan = dataclasses.replace(plan, meta={**plan.meta, "layers": [[a, b, "mlp"] for a, b in ranges]})
+    text = plan.summary()
+    print(text)
+    assert not re.search(r"\be\d+:\d+|checkpoint eqns", text)
+    rows = layer_rows(plan)
+    assert [r.layers for r in rows if r.first] == ["layer 1", "layer 2", "layer 3", "layer 4"]
+    assert all("_mlp_layer (examples.py:" in r.code for r in rows if r.first)
+    layer1, layer2 = rows[0], rows[1]
+    assert layer1.bytes["save"] > 0 and layer1.bytes["offload"] == 0
+    assert layer2.bytes["offload"] == layer1.bytes["save"] and layer2.bytes["save"] == 0
+    for decision, total in plan.totals().items():
+        assert sum(r.bytes[decision] for r in rows) == total
+    for r in rows:
+        assert r.layers in text and format_bytes(r.bytes["recompute"]) in text
+
+
+def test_identical_layers_with_equal_decisions_are_one_row():
+    """`layer_rows` merges neighbouring layers that are the same layer with the same
+    decisions: a uniform policy on the 4-layer transformer is one row, 'layers 1-4'."""
+    ex = examples.get_example("transformer", **TRANSFORMER)
+    g = graph_from_traced(trace(ex.fn, ex.args))
+    layers = find_layers(g)
+    assert len(layers) == TRANSFORMER["n_layers"]
+    plan = _hand.layer_plan(g, layers, ["dots_saveable"] * len(layers))
+    (row,) = [r for r in layer_rows(plan) if r.first]
+    assert row.layers == "layers 1-2" and "_transformer_block" in row.code
+    mixed = _hand.layer_plan(g, layers, ["dots_saveable", "nothing_saveable"])
+    assert [r.layers for r in layer_rows(mixed) if r.first] == ["layer 1", "layer 2"]

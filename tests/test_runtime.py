@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 
 import jax
-import numpy as np
 import pytest
 from jax._src.ad_checkpoint import saved_residuals  # jax.ad_checkpoint only exports print_saved_residuals
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from autoremat.graph._graph import Graph, OpInfo
 
-__all__ = ["Layer", "crossing_bytes", "find_layers"]
+__all__ = ["Layer", "crossing_bytes", "find_layers", "layer_spans"]
 
 # Equations that make a run of equations a layer worth measuring (a stack of elementwise ops
 # repeating is not one).
@@ -46,6 +46,12 @@ class Layer:
     start: int
     stop: int
     key: str
+
+
+def layer_spans(layers) -> list[list]:
+    """`[start, stop, key]` per layer: how plans record where the layers are (`plan.meta`), so
+    that a saved plan can be shown per layer without the function."""
+    return [[layer.start, layer.stop, layer.key] for layer in layers]
 
 
 def is_heavy(op: OpInfo) -> bool:

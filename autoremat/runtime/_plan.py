@@ -206,10 +206,11 @@ class Plan:
             out[rec.decision] = out.get(rec.decision, 0) + rec.nbytes * rec.multiplicity
         return out
 
-    def summary(self, max_rows: int = 40) -> str:
-        """A readable table of the decisions, with totals."""
+    def summary(self, max_rows: int = 40, *, verbose: bool = False) -> str:
+        """The plan per layer, in the model's words, with totals; `verbose` adds the checkpoint
+        regions and the per-value table (at most `max_rows` rows)."""
         from autoremat.runtime._report import plan_summary
-        return plan_summary(self, max_rows=max_rows)
+        return plan_summary(self, max_rows=max_rows, verbose=verbose)
 
     def to_python(self) -> str:
         """Python code for a training script that realizes this plan with names."""

@@ -1,17 +1,32 @@
-"""Readable text for plans: why this plan, the decision table with totals."""
+"""Readable text for plans: why this plan, what each layer keeps, totals (`--verbose`: the
+regions and every value)."""
 
 from __future__ import annotations
 
+from tabulate import tabulate
+
 from autoremat._units import format_bytes
+from autoremat.runtime._by_layer import layer_rows
 
 __all__ = ["plan_summary"]
 
 
-def plan_summary(plan, max_rows: int = 40) -> str:
-    """A fixed-width table of a plan's decisions (largest values first) with totals."""
-    lines = []
+def plan_summary(plan, max_rows: int = 40, *, verbose: bool = False) -> str:
+    """The plan in the model's words: why it was chosen, what each layer saves, offloads and
+    recomputes, and totals; `verbose` adds the regions and the per-value table (internal ids)."""
+    lines = _header(plan) + _why(plan) + [""] + _layer_table(plan)
+    if verbose:
+        lines += [""] + _regions(plan) + [""] + _value_table(plan, max_rows)
+    totals = plan.totals()
+    lines.append("totals: " + ", ".join(f"{k} {format_bytes(v)}" for k, v in totals.items()))
+    if not verbose:
+        lines.append("(--verbose / summary(verbose=True): the checkpoint regions and every value)")
+    return "\n".join(lines)
+
+
+def _header(plan) -> list[str]:
     fn = plan.meta.get("function", "fn")
-    lines.append(f"autoremat plan for {fn}  (fingerprint {plan.fingerprint}, {plan.n_eqns} equations)")
+    lines = [f"autoremat plan for {fn}  (fingerprint {plan.fingerprint}, {plan.n_eqns} equations)"]
     if plan.budget is not None:
         lines.append(f"budget {format_bytes(plan.budget)}")
     if plan.predicted_peak is not None:
@@ -23,32 +38,49 @@ def plan_summary(plan, max_rows: int = 40) -> str:
     if plan.estimated_extra_time is not None:
         lines.append(f"estimated extra time {plan.estimated_extra_time * 1e3:.3f} ms per step "
                      f"(profile {plan.meta.get('profile', '?')})")
-    lines.extend(_why(plan))
-    lines.append(f"regions: {len(plan.regions)}  scan bodies: {len(plan.scans)}")
-    for r in plan.regions[:12]:
+    return lines
+
+
+def _layer_table(plan) -> list[str]:
+    """Per layer (identical neighbours merged): its code, bytes per decision, the user's
+    names it keeps and recomputes, the FLOPs of the values it recomputes."""
+    if plan.as_written:
+        return ["the function runs as written (its own jax.checkpoint calls included): nothing to change"]
+    table = []
+    for row in layer_rows(plan):
+        names = "; ".join(f"{verb} {', '.join(sorted(row.names[d]))}" for d, verb in
+                          (("save", "keeps"), ("offload", "offloads"), ("recompute", "recomputes"))
+                          if row.names[d])
+        table.append([row.layers, row.code, format_bytes(row.bytes["save"]), format_bytes(row.bytes["offload"]),
+                      format_bytes(row.bytes["recompute"]),
+                      "?" if row.recompute_flops is None else f"{row.recompute_flops / 1e9:.3g}", names])
+    head = ["layers", "code", "saved", "offloaded", "recomputed", "GFLOP", "your checkpoint_names"]
+    return ["per layer (bytes and FLOPs of one layer; a scan's body: the whole stack; GFLOP: recomputed, "
+            "by autoremat's cost model):",
+            tabulate(table, head, colalign=("left", "left", "right", "right", "right", "right", "left"))]
+
+
+def _regions(plan) -> list[str]:
+    lines = [f"regions: {len(plan.regions)}  scan bodies: {len(plan.scans)}"]
+    for r in plan.regions:
         what = f"jax.checkpoint(policy={r.policy})" if r.policy else f"{len(r.saved)} saved, {len(r.offloaded)} offloaded"
         lines.append(f"  checkpoint eqns [{r.start}, {r.stop}): {what}" + (f"  ({r.label})" if r.label else ""))
-    if len(plan.regions) > 12:
-        lines.append(f"  ... {len(plan.regions) - 12} more regions")
     for s in plan.scans:
         what = (f"jax.checkpoint(policy={s.policy}, prevent_cse={s.prevent_cse})" if s.policy
                 else f"{len(s.saved)} saved, {len(s.offloaded)} offloaded")
         lines.append(f"  scan {s.op}: body checkpointed, {what}")
+    return lines
+
+
+def _value_table(plan, max_rows: int) -> list[str]:
     rows = sorted(plan.values.values(), key=lambda r: (-r.nbytes * r.multiplicity, r.id))
-    header = f"{'value':<18} {'decision':<9} {'type':<22} {'bytes':>11} {'primitive':<16} {'name':<12} source"
-    lines.append("")
-    lines.append(header)
-    lines.append("-" * len(header))
-    for r in rows[:max_rows]:
-        b = format_bytes(r.nbytes * r.multiplicity)
-        lines.append(f"{r.id:<18} {r.decision:<9} {r.type[:22]:<22} {b:>11} {r.primitive[:16]:<16} "
-                     f"{(r.name or '')[:12]:<12} {r.source}")
+    table = [[r.id, r.decision, r.type, format_bytes(r.nbytes * r.multiplicity), r.primitive, r.name or "",
+              r.source] for r in rows[:max_rows]]
+    lines = [tabulate(table, ["value", "decision", "type", "bytes", "primitive", "name", "source"],
+                      colalign=("left", "left", "left", "right", "left", "left", "left"))]
     if len(rows) > max_rows:
         lines.append(f"... {len(rows) - max_rows} more values")
-    totals = plan.totals()
-    lines.append("-" * len(header))
-    lines.append("totals: " + ", ".join(f"{k} {format_bytes(v)}" for k, v in totals.items()))
-    return "\n".join(lines)
+    return lines
 
 
 def _why(plan) -> list[str]:
