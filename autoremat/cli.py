@@ -462,12 +462,15 @@ def show(plan_file, max_rows, verbose):
 @main.command()
 @click.argument("plan_file", metavar="PLAN", type=click.Path(exists=True, dir_okay=False))
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the code here instead of stdout.")
-def export(plan_file, output):
-    """Print Python code (checkpoint names + a name-based policy) realizing a saved plan."""
+@click.option("--framework", type=click.Choice(["jax", "flax-nnx", "flax-linen", "equinox"]), default="jax",
+              show_default=True, help="Write per-layer policies in this framework's remat form.")
+def export(plan_file, output, framework):
+    """Print plain JAX code realizing a saved plan: a policy per layer in --framework's form, or
+    checkpoint_name tags and a name-based policy, with which layers to wrap."""
     from autoremat.runtime._plan import Plan
 
     _check_writable(output)
-    code = Plan.load(plan_file).to_python()
+    code = Plan.load(plan_file).to_python(framework)
     if output:
         with open(output, "w") as f:
             f.write(code if code.endswith("\n") else code + "\n")

@@ -17,6 +17,7 @@ import pytest
 from flax import nnx
 
 import autoremat
+from _helpers import assert_trees_close
 
 BUDGET = 0.75  # of the un-optimized compiled peak; each model's remat reaches ~0.6-0.7
 
@@ -38,20 +39,21 @@ class _Net(nnx.Module):
         self.blocks = nnx.List([_Block(d, rngs) for _ in range(n_blocks)])
         self.head = nnx.Linear(d, 1, rngs=rngs)
 
-    def __call__(self, x):
-        for block in self.blocks:
-            x = block(x)
+    def __call__(self, x, remat_layer=None):
+        for i, block in enumerate(self.blocks):
+            x = block(x) if remat_layer is None else remat_layer(i, _Block.__call__)(block, x)
         return self.head(x)
 
 
-def flax_nnx_model():
-    """A residual MLP stack (layernorm, up, gelu, down) in flax nnx; params = nnx.State."""
+def flax_nnx_model(remat_layer=None):
+    """A residual MLP stack (layernorm, up, gelu, down) in flax nnx; params = nnx.State.
+    `remat_layer(i, fn)`: how layer i is called (an exported plan's helper)."""
     graphdef, state = nnx.split(_Net(64, 4, nnx.Rngs(0)))
     x = jax.random.normal(jax.random.key(1), (1024, 64), jnp.float32)
 
     def loss(state, x):
         model = nnx.merge(graphdef, state)
-        return jnp.mean(model(x) ** 2)
+        return jnp.mean(model(x, remat_layer) ** 2)
 
     return loss, (state, x)
 
@@ -147,3 +149,30 @@ def test_framework_versions_are_installed():
 
     assert tuple(int(p) for p in flax.__version__.split(".")[:2]) >= (0, 12)
     assert tuple(int(p) for p in eqx.__version__.split(".")[:2]) >= (0, 13)
+
+
+def test_an_exported_nnx_plan_compiles_to_the_plans_peak():
+    """`plan.to_python("flax-nnx")` of a policy-per-layer plan is plain flax code: its
+    `remat_layer` used in the model's loop compiles to the plan's own peak and gives the same
+    gradients (issue 17: export that pastes)."""
+    from autoremat import _hand
+    from autoremat.graph._graph import graph_from_traced
+    from autoremat.graph._layers import find_layers
+    from autoremat.graph._trace import trace
+    from autoremat.runtime import apply, compiled_stats
+
+    loss, args = flax_nnx_model()
+    g = graph_from_traced(trace(loss, args))
+    layers = find_layers(g)
+    assert len(layers) == 4
+    plan = _hand.layer_plan(g, layers, ["nothing_saveable", "nothing_saveable", "dots_saveable", None])
+    code = plan.to_python("flax-nnx")
+    assert "import autoremat" not in code and "nnx.remat(fn, policy=policy" in code
+    namespace: dict = {}
+    exec(compile(code, "exported.py", "exec"), namespace)
+    exported, _ = flax_nnx_model(namespace["remat_layer"])
+    planned = compiled_stats(apply(loss, plan), *args)
+    assert compiled_stats(exported, *args).peak_bytes == planned.peak_bytes
+    assert planned.peak_bytes < compiled_stats(loss, *args).peak_bytes
+    g_ref = jax.grad(loss)(*args)
+    assert_trees_close(jax.grad(exported)(*args), g_ref)

@@ -59,9 +59,11 @@ def test_a_policy_plan_exports_as_plain_checkpoint_calls():
     g, layers = _layers(ex)
     pols = ["nothing_saveable"] * 2 + ["dots_saveable"] * (len(layers) - 2)
     code = _hand.layer_plan(g, layers, pols).to_python()
-    compile(code, "exported.py", "exec")
     assert "import autoremat" not in code and "autoremat.apply" not in code and "checkpoint_name" not in code
-    assert code.count("policy=cp.nothing_saveable") == 2 and code.count("policy=cp.dots_saveable") == len(layers) - 2
+    namespace: dict = {}
+    exec(compile(code, "exported.py", "exec"), namespace)
+    assert namespace["LAYER_POLICIES"] == [getattr(CP, p) for p in pols]
+    assert "layer 1: _transformer_block (examples.py:" in code
 
 
 def test_the_summary_says_what_the_plan_beat():

@@ -160,18 +160,22 @@ def _find_runs(g, ops, tokens, heavy, cross, lo, hi, spans, min_heavy):
 def _extend(g, ops, first: int, p: int, n_layers: int, lo: int, hi: int) -> tuple[int, int]:
     """One more layer at either end of a run where its equations hash like the run's: the first
     and last layers read from and feed other equations than the middle ones, so their tokens
-    differ (a 24-layer GPT gave 23 layers without this), but their structure does not."""
-    key = _layer_hash(g, ops, first, first + p)
+    differ (a 24-layer GPT gave 23 layers without this), but their structure does not.  The
+    comparison ignores whether an outside value is an argument: the first layer of a stack that
+    reads the function's input directly (flax nnx and equinox MLP stacks, `examples.mlp_chain`:
+    3 of 4 and 7 of 8 layers found without this) is still a layer, with a key of its own."""
+    key = _layer_hash(g, ops, first, first + p, kinds=False)
     while first + (n_layers + 1) * p <= hi and _layer_hash(g, ops, first + n_layers * p,
-                                                           first + (n_layers + 1) * p) == key:
+                                                           first + (n_layers + 1) * p, kinds=False) == key:
         n_layers += 1
-    while first - p >= lo and _layer_hash(g, ops, first - p, first) == key:
+    while first - p >= lo and _layer_hash(g, ops, first - p, first, kinds=False) == key:
         first, n_layers = first - p, n_layers + 1
     return first, n_layers
 
 
-def _layer_hash(g: Graph, ops: list[OpInfo], a: int, b: int) -> str:
-    """Weisfeiler-Lehman hash of equations [a, b) and the values they read from outside."""
+def _layer_hash(g: Graph, ops: list[OpInfo], a: int, b: int, kinds: bool = True) -> str:
+    """Weisfeiler-Lehman hash of equations [a, b) and the values they read from outside (with
+    `kinds`: whether each is an argument of the function or an activation)."""
     G = nx.DiGraph()
     produced = {}
     for op in ops[a:b]:
@@ -185,7 +189,8 @@ def _layer_hash(g: Graph, ops: list[OpInfo], a: int, b: int) -> str:
             if src is None:
                 info = g.values[v]
                 src = f"ext:{v}"
-                G.add_node(src, label=f"{'arg' if info.producer is None else 'act'}:{info.type_str}")
+                kind = ("arg" if info.producer is None else "act") if kinds else "ext"
+                G.add_node(src, label=f"{kind}:{info.type_str}")
             G.add_edge(src, op.id, operand=str(j))
     with warnings.catch_warnings():  # networkx 3.5 notes that directed hashes changed; ours are per run
         warnings.simplefilter("ignore", UserWarning)

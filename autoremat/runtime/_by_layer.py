@@ -18,7 +18,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-__all__ = ["LayerRow", "layer_rows"]
+__all__ = ["LayerRow", "layer_rows", "layer_spans_and_rows"]
 
 _SOURCE = re.compile(r"^(?P<file>.*?):(?P<line>\d+)(?::\d+)? \((?P<fn>.*)\)$")
 
@@ -98,14 +98,14 @@ def _row(plan, records, span: tuple) -> LayerRow:
     return row
 
 
-def layer_rows(plan) -> list[LayerRow]:
-    """The plan's decisions per layer; consecutive identical layers with equal decisions merged."""
+def _span_rows(plan):
+    """(start, stop, key) and its `LayerRow`, for every layer and the code between them."""
     by_eqn: dict[int, list] = {}
     for r in plan.values.values():
         i = top_index(r.id)
         if i is not None:
             by_eqn.setdefault(i, []).append(r)
-    rows, number = [], 0
+    number = 0
     for start, stop, key in _spans(plan):
         records = [r for i in range(start, stop) for r in by_eqn.get(i, ())]
         if key is None and not records:
@@ -114,6 +114,18 @@ def layer_rows(plan) -> list[LayerRow]:
         if key is not None:
             row.first, row.last = number + 1, number + row.trips
             number += row.trips
+        yield (start, stop, key), row
+
+
+def layer_spans_and_rows(plan) -> list[tuple[tuple[int, int], LayerRow]]:
+    """Each layer's equations `(start, stop)` and its row, in order (no merging)."""
+    return [((a, b), row) for (a, b, key), row in _span_rows(plan) if key is not None]
+
+
+def layer_rows(plan) -> list[LayerRow]:
+    """The plan's decisions per layer; consecutive identical layers with equal decisions merged."""
+    rows = []
+    for _, row in _span_rows(plan):
         last = rows[-1] if rows else None
         if last is not None and row.signature and row.signature == last.signature:
             last.last = row.last

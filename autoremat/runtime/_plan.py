@@ -212,10 +212,12 @@ class Plan:
         from autoremat.runtime._report import plan_summary
         return plan_summary(self, max_rows=max_rows, verbose=verbose)
 
-    def to_python(self) -> str:
-        """Python code for a training script that realizes this plan with names."""
+    def to_python(self, framework: str = "jax") -> str:
+        """Python code (no autoremat import) that realizes this plan in a training script: a
+        policy per layer in `framework`'s form ("jax", "flax-nnx", "flax-linen", "equinox")
+        when the plan is one, else `checkpoint_name` tags and a name-based policy."""
         from autoremat.runtime._export import plan_to_python
-        return plan_to_python(self)
+        return plan_to_python(self, framework)
 
     # -- serialization ---------------------------------------------------------------
     def to_json(self) -> dict:

@@ -1,0 +1,57 @@
+"""The layers `graph.find_layers` finds in every benchmark model (tracing only, about a minute).
+
+A change to layer finding changes which per-layer hand policies the planner compiles and which
+per-layer options it measures; this table says whether a change touched any benchmark model.
+
+    .venv/bin/python benchmarks/layers_found.py   # -> benchmarks/results/layers_found.md
+"""
+
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import autoremat  # noqa: E402
+
+autoremat.configure_cpu_flags()
+
+from _common import provenance  # noqa: E402
+import realscale  # noqa: E402
+from autoremat.examples import get_example  # noqa: E402
+from autoremat.graph._graph import graph_from_traced  # noqa: E402
+from autoremat.graph._layers import find_layers  # noqa: E402
+from autoremat.graph._trace import trace  # noqa: E402
+
+
+def _models():
+    for name in ("mlp_chain", "transformer", "transformer_scan", "convnet"):
+        ex = get_example(name)
+        yield f"examples.{name}", ex.fn, ex.args
+    for name in ("llama", "gpt", "llama_scan", "gpt_scan"):
+        loss, args, _, _ = realscale.make_model(name)
+        yield f"realscale {name}", loss, args
+
+
+def main() -> int:
+    t0 = time.perf_counter()
+    rows = ["| model | top-level equations | layers found | equations per layer | distinct keys |",
+            "|---|---:|---:|---|---:|"]
+    for label, fn, args in _models():
+        g = graph_from_traced(trace(fn, args))
+        layers = find_layers(g)
+        widths = sorted({layer.stop - layer.start for layer in layers})
+        rows.append(f"| {label} | {len(g.ops)} | {len(layers)} | {', '.join(map(str, widths)) or '-'} | "
+                    f"{len({layer.key for layer in layers})} |")
+        print(rows[-1], flush=True)
+    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "layers_found.md")
+    with open(out, "w") as f:
+        f.write("# Layers found per benchmark model\n\n"
+                + provenance("python benchmarks/layers_found.py", (time.perf_counter() - t0) / 60) + "\n\n"
+                + "\n".join(rows) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
