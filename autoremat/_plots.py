@@ -31,12 +31,21 @@ class ParetoPoint:
     Attributes:
       label: what the point is (a budget such as `"0.6"`, or a baseline such as `"none"`).
       peak_bytes: peak device memory (compiled when validated, else predicted).
-      time: seconds: the estimated extra step time, or the measured step time.
+      y: what the plot's y axis shows (`Y_AXES`): seconds of measured step time, FLOPs
+        recomputed in the compiled step, or seconds of estimated extra step time.
     """
 
     label: str
     peak_bytes: int
-    time: float
+    y: float
+
+
+# The frontier's y axes: label, and the factor from the point's `y` to the plotted unit.
+Y_AXES = {
+    "measured": ("measured step time (ms, median)", 1e3),
+    "flops": ("recomputed GFLOP per step (counted in the compiled step)", 1e-9),
+    "estimated": ("estimated extra step time (ms, autoremat's cost model)", 1e3),
+}
 
 
 def _figure(**kw):
@@ -176,16 +185,20 @@ def _stage_label(x: int, n: int) -> str:
     return f"bwd {2 * n - x}"
 
 
-def pareto_plot(points: Sequence[ParetoPoint], baselines: Sequence[ParetoPoint], path, *, measured: bool = False,
-                budgets: Sequence[int] = (), title: str | None = None) -> str:
-    """Draws peak memory against step time: autoremat's plans and the baseline policies.
+def pareto_plot(points: Sequence[ParetoPoint], baselines: Sequence[ParetoPoint], path, *, y: str = "estimated",
+                compiled: bool = True, budgets: Sequence[int] = (), infeasible: Sequence[tuple] = (),
+                title: str | None = None) -> str:
+    """Draws peak memory against a cost: autoremat's plans and the baseline policies.
 
     Args:
       points: autoremat's plans, one per budget (joined into a curve, lowest peak first).
       baselines: built-in policies (no remat, per-block `nothing_saveable`, ...), as markers.
       path: the PNG to create.
-      measured: the times are measured step times (else estimated extra times).
+      y: which cost the points' `y` is, a key of `Y_AXES` (the axis label says it).
+      compiled: the peaks are compiled by XLA (else predicted by autoremat's model).
       budgets: bytes; drawn as faint vertical lines.
+      infeasible: (label, budget bytes, lowest peak found) of budgets no plan reached, drawn
+        as red crosses on the x axis.
       title: the figure's title.
 
     Returns:
@@ -193,25 +206,36 @@ def pareto_plot(points: Sequence[ParetoPoint], baselines: Sequence[ParetoPoint],
     """
     fig = _figure(figsize=(7.5, 5))
     ax = fig.add_subplot()
-    scale = 1e3
+    y_label, scale = Y_AXES[y]
     pts = sorted(points, key=lambda p: p.peak_bytes)
     if pts:
-        ax.plot([p.peak_bytes / _MIB for p in pts], [p.time * scale for p in pts], "o-", color="tab:blue",
+        ax.plot([p.peak_bytes / _MIB for p in pts], [p.y * scale for p in pts], "o-", color="tab:blue",
                 label="autoremat", zorder=3)
         for p in pts:
-            ax.annotate(p.label, (p.peak_bytes / _MIB, p.time * scale), textcoords="offset points",
+            ax.annotate(p.label, (p.peak_bytes / _MIB, p.y * scale), textcoords="offset points",
                         xytext=(4, 5), fontsize=8, color="tab:blue")
     markers = ["s", "^", "D", "v", "P", "X"]
     for i, b in enumerate(baselines):
-        ax.plot([b.peak_bytes / _MIB], [b.time * scale], markers[i % len(markers)], color=f"C{(i + 1) % 10}",
+        ax.plot([b.peak_bytes / _MIB], [b.y * scale], markers[i % len(markers)], color=f"C{(i + 1) % 10}",
                 markersize=8, label=b.label, linestyle="none", zorder=4)
     for bud in budgets:
         ax.axvline(bud / _MIB, color="tab:red", alpha=0.15, linewidth=1)
-    ax.set_xlabel("peak device memory (MiB)")
-    ax.set_ylabel("measured step time (ms, median)" if measured else "estimated extra step time (ms)")
-    ax.set_title(title or "autoremat: memory / time frontier")
+    _mark_infeasible(ax, infeasible)
+    ax.set_xlabel("peak device memory (MiB, " + ("compiled by XLA)" if compiled else "predicted by autoremat)"))
+    ax.set_ylabel(y_label)
+    ax.set_title(title or "autoremat: memory / cost frontier")
     ax.grid(alpha=0.3)
-    if pts or baselines:
+    if pts or baselines or infeasible:
         ax.legend(fontsize=8)
     fig.tight_layout()
     return _save(fig, path)
+
+
+def _mark_infeasible(ax, infeasible) -> None:
+    """Budgets no plan reached: a red cross on the x axis at the budget, with the lowest peak."""
+    for k, (label, budget, lowest) in enumerate(infeasible):
+        x = budget / _MIB
+        ax.plot([x], [0], "x", color="tab:red", markersize=10, mew=2, clip_on=False, zorder=5,
+                label="infeasible budget" if k == 0 else None)
+        ax.annotate(f"{label}: infeasible (lowest {lowest / _MIB:.1f} MiB)", (x, 0), textcoords="offset points",
+                    xytext=(4, 8), fontsize=8, color="tab:red", rotation=90)

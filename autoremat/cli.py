@@ -510,7 +510,6 @@ def frontier(model, example, sets, budgets, output, measure, device, offload, so
     from autoremat.graph._graph import graph_from_traced
     from autoremat.graph._profiles import detect_profile, get_profile
     from autoremat.graph._trace import trace
-    from autoremat.runtime._apply import apply
     from autoremat.runtime._validate import compiled_stats
     from autoremat.solver._chain_model import build_chain_model
 
@@ -527,48 +526,41 @@ def frontier(model, example, sets, budgets, output, measure, device, offload, so
         # model calibrated to the compiled step and the compiled un-optimized peak.
         ref = plan_for(m.fn, 1.0, m.args, m.kwargs,
                        **_planning_kwargs(device, offload, solver, time_limit, True, say))
-        chain, none_peak = ref.model, ref.baseline_peak
+        chain = ref.model
     else:
         profile = get_profile(device) if device is not None else detect_profile()
         use_offload = (profile.name != "cpu") if offload is None else offload
         abstract, _ = abstract_arguments(m.args, {}, (), None)
         traced = trace(m.fn, abstract, dict(m.kwargs))
         chain = build_chain_model(graph_from_traced(traced, profile=profile), offload=use_offload)
-        none_peak = None
     say(f"{len(chain.blocks)} blocks; {len(budgets)} budgets")
 
     def measure_fn(fn):
         stats = compiled_stats(fn, *m.args, n_steps=5 if measure else 0, **m.kwargs)
-        return stats.peak_bytes, stats.step_time
+        return stats.peak_bytes, stats.step_time, stats.jaxpr_flops
 
-    rows = []  # (kind, label, budget bytes, peak, predicted, estimated extra, measured step, note)
-    points, budget_bytes = [], []
-    baselines, none_time = _frontier_baselines(m, chain, none_peak, measure, validate, measure_fn, rows, say)
+    # (kind, label, budget bytes, peak, predicted, estimated extra, measured step, recomputed FLOPs, note)
+    rows = []
+    y_kind = "measured" if measure else ("flops" if validate else "estimated")
+    points, budget_bytes, infeasible = [], [], []
+    baselines, none_time = _frontier_baselines(m, chain, (measure, validate, y_kind), measure_fn, rows, say)
     for label, budget in budgets:
         try:
             planned = plan_for(m.fn, budget, m.args, m.kwargs,
                                **_planning_kwargs(device, offload, solver, time_limit, validate, say))
         except InfeasibleBudgetError as e:
             click.echo(f"budget {label}: infeasible: {e}", err=True)
-            rows.append(("autoremat", label, e.budget, None, None, None, None,
+            rows.append(("autoremat", label, e.budget, None, None, None, None, None,
                          f"infeasible (lowest {format_bytes(e.lowest)})"))
+            infeasible.append((label, e.budget, e.lowest))
             continue
-        plan = planned.plan
-        peak = plan.meta.get("compiled_peak")
-        if peak is None:
-            peak = plan.predicted_peak
-        step = None
-        if measure:
-            peak, step = measure_fn(apply(m.fn, plan))
-        extra = plan.estimated_extra_time or 0.0
-        rows.append(("autoremat", label, plan.budget, peak, plan.predicted_peak, extra, step, ""))
-        points.append(ParetoPoint(label, peak, step if measure else extra))
-        if plan.budget:
-            budget_bytes.append(plan.budget)
-        say(f"budget {label}: peak {format_bytes(peak)}, +{extra * 1e3:.3g} ms estimated"
-            + (f", {step * 1e3:.2f} ms measured" if step is not None else ""))
-    pareto_plot(points, baselines, output, measured=measure, budgets=budget_bytes,
-                title=f"autoremat frontier: {m.name}" + (" (measured)" if measure else ""))
+        row = _frontier_point(m, planned.plan, label, measure_fn if measure else None, say)
+        rows.append(row)
+        points.append(ParetoPoint(label, row[3], {"measured": row[6], "flops": row[7], "estimated": row[5]}[y_kind]))
+        if planned.plan.budget:
+            budget_bytes.append(planned.plan.budget)
+    pareto_plot(points, baselines, output, y=y_kind, compiled=validate or measure, budgets=budget_bytes,
+                infeasible=infeasible, title=f"autoremat frontier: {m.name}")
     stem = os.path.splitext(output)[0]
     _write_csv(stem + ".csv", rows)
     table = _markdown(rows, validate=validate or measure, none_time=none_time)
@@ -578,35 +570,54 @@ def frontier(model, example, sets, budgets, output, measure, device, offload, so
     click.echo(f"wrote {output}, {stem}.csv, {stem}.md")
 
 
-def _frontier_baselines(m, chain, none_peak, measure: bool, validate: bool, measure_fn, rows: list, say):
+def _frontier_point(m, plan, label: str, measure_fn, say) -> tuple:
+    """The frontier row of autoremat's plan for one budget (`measure_fn`: time it too)."""
+    from autoremat.runtime._apply import apply
+
+    peak = plan.meta.get("compiled_peak")
+    if peak is None:
+        peak = plan.predicted_peak
+    step, flops = None, plan.meta.get("extra_flops")
+    if measure_fn is not None:
+        peak, step, _ = measure_fn(apply(m.fn, plan))
+    extra = plan.estimated_extra_time or 0.0
+    say(f"budget {label}: peak {format_bytes(peak)}, +{extra * 1e3:.3g} ms estimated"
+        + (f", +{flops / 1e9:.4g} GFLOP compiled" if flops is not None else "")
+        + (f", {step * 1e3:.2f} ms measured" if step is not None else ""))
+    return ("autoremat", label, plan.budget, peak, plan.predicted_peak, extra, step, flops, "")
+
+
+def _frontier_baselines(m, chain, how: tuple, measure_fn, rows: list, say):
     """The built-in policies per block, compiled (or predicted): their Pareto points, rows and
-    the un-optimized step's measured time."""
+    the un-optimized step's measured time.  `how`: (measure, validate, the plot's y kind)."""
     from autoremat._plots import ParetoPoint, chain_problem
     from autoremat.runtime._apply import apply
     from autoremat.solver._chain import evaluate
 
-    baselines, none_time = [], None
+    measure, validate, y_kind = how
+    baselines, none_time, none_flops = [], None, None
     for label, option in BASELINES:
         segs, substituted = baseline_segments(chain, option)
         predicted, extra = evaluate(chain_problem(chain), segs)
-        peak, step = predicted, None
-        if option is None and none_peak is not None and not measure:
-            peak = none_peak
-        elif validate or measure:
+        peak, step, flops = predicted, None, None
+        if validate or measure:
             fn = m.fn if option is None else apply(m.fn, to_plan(chain, segs))
-            peak, step = measure_fn(fn)
+            peak, step, total = measure_fn(fn)
+            none_flops = total if option is None else none_flops
+            flops = total - none_flops
         if option is None:
             none_time = step
         note = f"{substituted} blocks without this option used their lowest-memory option" if substituted else ""
-        rows.append(("baseline", label, None, peak, predicted, extra, step, note))
-        baselines.append(ParetoPoint(label, peak, step if measure else extra))
+        rows.append(("baseline", label, None, peak, predicted, extra, step, flops, note))
+        baselines.append(ParetoPoint(label, peak, {"measured": step, "flops": flops, "estimated": extra}[y_kind]))
         say(f"baseline {label}: peak {format_bytes(peak)}, +{extra * 1e3:.3g} ms estimated"
+            + (f", +{flops / 1e9:.4g} GFLOP compiled" if flops is not None else "")
             + (f", {step * 1e3:.2f} ms measured" if step is not None else ""))
     return baselines, none_time
 
 
 _COLUMNS = ("kind", "label", "budget_bytes", "peak_bytes", "predicted_peak_bytes", "estimated_extra_s",
-            "measured_step_s", "note")
+            "measured_step_s", "recomputed_flops", "note")
 
 
 def _write_csv(path, rows):
@@ -619,13 +630,14 @@ def _write_csv(path, rows):
 
 def _markdown(rows, *, validate: bool, none_time) -> str:
     peak_col = "compiled peak" if validate else "predicted peak"
-    lines = [f"| kind | budget / policy | {peak_col} | predicted peak | est. extra time | measured step | note |",
-             "|---|---|---:|---:|---:|---:|---|"]
+    lines = [f"| kind | budget / policy | {peak_col} | predicted peak | est. extra time | measured step | "
+             "recomputed GFLOP (compiled) | note |",
+             "|---|---|---:|---:|---:|---:|---:|---|"]
 
     def b(v):
         return "" if v is None else format_bytes(v)
 
-    for kind, label, budget, peak, predicted, extra, step, note in rows:
+    for kind, label, budget, peak, predicted, extra, step, flops, note in rows:
         meas = ""
         if step is not None:
             meas = f"{step * 1e3:.2f} ms"
@@ -633,7 +645,8 @@ def _markdown(rows, *, validate: bool, none_time) -> str:
                 meas += f" ({step / none_time - 1:+.0%})"
         ex = "" if extra is None or (isinstance(extra, float) and math.isnan(extra)) else f"+{extra * 1e3:.3g} ms"
         name = label if budget is None else f"{label} ({format_bytes(budget)})"
-        lines.append(f"| {kind} | {name} | {b(peak)} | {b(predicted)} | {ex} | {meas} | {note} |")
+        gflop = "" if flops is None else f"{flops / 1e9:.4g}"
+        lines.append(f"| {kind} | {name} | {b(peak)} | {b(predicted)} | {ex} | {meas} | {gflop} | {note} |")
     return "\n".join(lines)
 
 

@@ -130,9 +130,29 @@ def test_frontier_measured_with_baselines_and_an_infeasible_budget(tmp_path):
     assert labels == ["none", "per-block nothing_saveable", "per-block dots_saveable", "1.0", TINY_BUDGET, "1KB"]
     measured = [r.split(",")[6] for r in rows[1:]]
     assert all(float(m) > 0 for m in measured[:5]) and measured[5] == ""
+    flops = [r.split(",")[7] for r in rows[1:]]
+    assert float(flops[0]) == 0 and float(flops[1]) > 0 and flops[5] == ""  # none, nothing_saveable, 1KB
     md = (tmp_path / "frontier.md").read_text()
-    assert md.startswith("| kind |") and "infeasible" in md
+    assert md.startswith("| kind |") and "infeasible" in md and "recomputed GFLOP (compiled)" in md
     assert md.strip() in result.stdout
+
+
+@pytest.mark.parametrize("y, compiled", [("flops", True), ("estimated", False), ("measured", True)])
+def test_the_frontier_plot_says_what_it_shows(tmp_path, monkeypatch, y, compiled):
+    """Axis labels say compiled vs predicted peaks and which cost the y axis is; an infeasible
+    budget is a red cross with its lowest reachable peak (issue 17: pictures that tell the truth)."""
+    from autoremat import _plots
+
+    figures = []
+    monkeypatch.setattr(_plots, "_save", lambda fig, path: figures.append(fig) or path)
+    points = [_plots.ParetoPoint("0.6", 60 * 2**20, 2e9), _plots.ParetoPoint("0.8", 80 * 2**20, 1e9)]
+    _plots.pareto_plot(points, [_plots.ParetoPoint("none", 100 * 2**20, 0.0)], tmp_path / "f.png", y=y,
+                       compiled=compiled, infeasible=[("1KB", 1000, 40 * 2**20)])
+    (ax,) = figures[0].axes
+    assert ax.get_ylabel() == _plots.Y_AXES[y][0]
+    assert ("compiled by XLA" if compiled else "predicted by autoremat") in ax.get_xlabel()
+    assert "1KB: infeasible (lowest 40.0 MiB)" in [t.get_text() for t in ax.texts]
+    assert "infeasible budget" in [t.get_text() for t in ax.get_legend().get_texts()]
 
 
 def test_frontier_estimated_without_validation(tmp_path):
