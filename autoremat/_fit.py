@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from autoremat._errors import BudgetError, InfeasibleBudgetError
+from autoremat._progress import working
 from autoremat._units import format_bytes, parse_budget
 
 __all__ = ["fit", "FitResult", "SizeRow"]
@@ -123,7 +124,8 @@ class _Probe:
             from autoremat.runtime._validate import compiled_stats
 
             fn, args, kwargs = self._model(size)
-            st = compiled_stats(fn, *args, **kwargs)
+            with working(self.say, f"size {size}: compiling the step as written"):
+                st = compiled_stats(fn, *args, **kwargs)
             self.rows[size] = SizeRow(size, st.peak_bytes, step_flops=st.jaxpr_flops or 0.0)
             self.say(f"size {size}: un-optimized peak {format_bytes(st.peak_bytes)}")
         return self.rows[size].peak <= self.budget

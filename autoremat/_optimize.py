@@ -23,6 +23,7 @@ from collections.abc import Sequence
 import jax
 
 from autoremat._errors import SolverError
+from autoremat._progress import Progress, working
 from autoremat._bridge import to_plan
 from autoremat._search import Planned, PlanSearch
 from autoremat._shardings import abstract_arguments
@@ -55,7 +56,7 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
              progress=None, max_candidates: int = 8, in_shardings=None) -> Planned:
     """Plans `fn` for one argument signature (the work behind `Optimized.plan`)."""
     kwargs = dict(kwargs or {})
-    say = progress or (lambda m: _log(verbose, m))
+    say = progress or (Progress(lambda m: _log(True, m)) if verbose else (lambda m: None))
     profile = get_profile(device) if device is not None else detect_profile()
     if offload is None:
         # On the CPU, "host" memory is device memory: offloading saves nothing there.
@@ -81,7 +82,8 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
         # A fraction is of the compiled un-optimized peak, also with validate=False.
         key = traced.signature
         if key not in _BASELINES:  # one compile per signature and process (5 s at 1B parameters)
-            _BASELINES[key] = compiled_stats(fn, *abstract_args, **stats_kw, **abstract_kwargs)
+            with working(say, "compiling the un-optimized step"):
+                _BASELINES[key] = compiled_stats(fn, *abstract_args, **stats_kw, **abstract_kwargs)
         st = _BASELINES[key]
         baseline_peak, none_flops = st.peak_bytes, (st.jaxpr_flops, st.matmul_flops)
         say(f"un-optimized compiled peak {format_bytes(baseline_peak)}")
@@ -116,7 +118,8 @@ def _calibrated(fn, g, model: ChainModel, call, baseline_peak: int, offload: boo
     none_peak = baseline_peak
     if g.traced.user_checkpoints:
         none_plan = to_plan(model, _all_none(model))
-        none_peak = compiled_stats(apply(fn, none_plan), *args, **stats_kw, **kwargs).peak_bytes
+        with working(say, "compiling the step without its own checkpoints"):
+            none_peak = compiled_stats(apply(fn, none_plan), *args, **stats_kw, **kwargs).peak_bytes
         say(f"without its {g.traced.user_checkpoints} jax.checkpoint calls: {format_bytes(none_peak)}")
     predicted_none = evaluate(model.raw_problem, _all_none(model))[0]
     if predicted_none > model.base_bytes and none_peak > model.base_bytes:

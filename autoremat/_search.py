@@ -30,6 +30,7 @@ import jax
 
 from autoremat._bridge import to_plan, with_recompute_flops
 from autoremat._errors import InfeasibleBudgetError
+from autoremat._progress import working
 from autoremat._hand import HandPlan, HandSearch
 from autoremat._layer_options import ilp_options
 from autoremat._units import format_bytes
@@ -151,7 +152,8 @@ class PlanSearch:
     # -- compiling -------------------------------------------------------------------------
     def compile_once(self, key, plan: Plan, extra: float, flops: float) -> _Compiled:
         if (self.sig, key) not in _COMPILED:
-            st = compiled_stats(apply(self.fn, plan), *self.args, **self.stats_kw, **self.kwargs)
+            with working(self.say, f"compiling {plan.meta.get('found_by') or 'a candidate plan'}"):
+                st = compiled_stats(apply(self.fn, plan), *self.args, **self.stats_kw, **self.kwargs)
             _COMPILED[(self.sig, key)] = _Compiled(st.peak_bytes, extra, flops, plan, st.jaxpr_flops - self.none_flops[0],
                                                    st.matmul_flops - self.none_flops[1])
         self.tried[key] = _COMPILED[(self.sig, key)].peak

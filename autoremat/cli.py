@@ -254,9 +254,11 @@ def _check_writable(path):
 
 
 def _progress(quiet: bool):
+    from autoremat._progress import Progress
+
     if quiet:
         return lambda msg: None
-    return lambda msg: click.echo(f"[autoremat] {msg}", err=True)
+    return Progress(lambda msg: click.echo(f"[autoremat] {msg}", err=True))
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
