@@ -203,13 +203,14 @@ def baseline_segments(model, option: str | None):
 
 
 def with_recompute_flops(g, plan: Plan) -> Plan:
-    """`plan` with `meta["recompute_flops"]`: per top-level equation, the model's FLOPs of the
-    equations the backward pass re-runs in it (a scan: its body's, times the trip count), from
-    the recompute closure of what each region and scan body keeps."""
+    """`plan` with `meta["recompute_flops"]` and `meta["recompute_time"]`: per top-level
+    equation, the model's FLOPs and roofline seconds of the equations the backward pass re-runs
+    in it (a scan: its body's, times the trip count), from the recompute closure of what each
+    region and scan body keeps."""
     kept = {vid for vid, rec in plan.values.items() if rec.decision != "recompute"}
     for part in (*plan.regions, *plan.scans):
         kept |= part.saved | part.offloaded
-    out: dict[str, float] = {}
+    per_eqn: dict[str, list] = {}
     for r in plan.regions:
         ops = [op.id for op in g.ops.values() if r.start <= op.index < r.stop]
         inside = {v for o in ops for v in g.ops[o].outputs}
@@ -217,12 +218,11 @@ def with_recompute_flops(g, plan: Plan) -> Plan:
                               if v in inside)
         recomputed, _ = _closure(g, ops, frozenset(kept), frozenset(), residuals)
         for o in recomputed:
-            key = str(g.ops[o].index)
-            out[key] = out.get(key, 0.0) + g.ops[o].cost.flops * g.ops[o].multiplicity
+            per_eqn.setdefault(str(g.ops[o].index), []).append(g.ops[o])
     for s in plan.scans:
         body = g.ops[s.op].bodies[0]
-        ops = list(body.ops)
-        recomputed, _ = _closure(body, ops, frozenset(kept), frozenset(), frozenset(body.residual_values()))
-        key = str(g.ops[s.op].index)
-        out[key] = sum(body.ops[o].cost.flops * body.ops[o].multiplicity for o in recomputed)
-    return replace(plan, meta={**plan.meta, "recompute_flops": out})
+        recomputed, _ = _closure(body, list(body.ops), frozenset(kept), frozenset(), frozenset(body.residual_values()))
+        per_eqn[str(g.ops[s.op].index)] = [body.ops[o] for o in recomputed]
+    flops = {k: sum(op.cost.flops * op.multiplicity for op in ops) for k, ops in per_eqn.items()}
+    time = {k: sum(op.time * op.multiplicity for op in ops) for k, ops in per_eqn.items()}
+    return replace(plan, meta={**plan.meta, "recompute_flops": flops, "recompute_time": time})

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from tabulate import tabulate
+
 from autoremat._errors import BudgetError, InfeasibleBudgetError
 from autoremat._progress import working
 from autoremat._units import format_bytes, parse_budget
@@ -52,13 +54,15 @@ class FitResult:
 
     def table(self) -> str:
         lines = [f"budget {format_bytes(self.budget)}"
-                 + ("" if self.max_overhead is None else f", at most {self.max_overhead:.0%} extra FLOPs"),
-                 f"{'size':>8}  {'no remat':>12}  {'with plan':>12}  {'extra FLOPs':>11}  found by"]
+                 + ("" if self.max_overhead is None else f", at most {self.max_overhead:.0%} extra FLOPs")]
+        table = []
         for r in sorted(self.rows, key=lambda r: r.size):
             plan = ("not needed" if r.peak <= self.budget else "-" if not r.planned
                     else "none fits" if r.plan_peak is None else format_bytes(r.plan_peak))
             extra = "" if r.plan_peak is None else f"{r.overhead:+.1%}"
-            lines.append(f"{r.size:>8}  {format_bytes(r.peak):>12}  {plan:>12}  {extra:>11}  {r.found_by}")
+            table.append([r.size, format_bytes(r.peak), plan, extra, r.found_by])
+        lines.append(tabulate(table, ["size", "no remat", "with plan", "extra FLOPs", "found by"],
+                              colalign=("right", "right", "right", "right", "left"), disable_numparse=True))
         lines.append(f"largest size that fits as written: {self.plain or 'none'}; "
                      f"with autoremat's plan: {self.planned or 'none'}")
         return "\n".join(lines)

@@ -290,8 +290,8 @@ def test_inspect_report():
     text = report.table()
     assert str(report) == text
     lines = text.splitlines()
-    assert lines[1].split() == ["type", "bytes", "recompute", "name", "source"]
-    assert "64 B" in lines[3] and lines[-1].startswith("total: 3 residuals, 128 B (64 B of arguments)")
+    assert lines[1].split() == ["type", "bytes", "FLOPs", "to", "recompute", "name", "source"]
+    assert "64 B" in lines[3] and lines[-2].startswith("total: 3 residuals, 128 B (64 B of arguments)")
     short = report.table(max_rows=1, sort="flops")
     assert "output of sub" in short.splitlines()[3] and "... 2 more rows, 96 B" in short
     with pytest.raises(ValueError, match="sort='size' is not one of"):

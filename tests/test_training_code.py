@@ -224,3 +224,35 @@ def test_sharded_step_inside_jit_matches_the_unsharded_gradients(layout):
     assert err <= 1e-6, err
     plan = opt.plan(*sharded)
     assert plan.meta["compiled_peak"] <= plan.budget
+
+
+def test_an_auto_budget_is_the_named_devices_memory_per_device():
+    """budget="auto" with `device=` plans for that device's memory per device while compiling
+    here (issue 16): with a profile whose memory is below the FSDP step's per-device peak, the
+    plan's budget is 90% of it and the compiled per-device peak fits."""
+    from dataclasses import replace as _replace
+
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+    from autoremat._optimize import AUTO_MARGIN
+    from autoremat.graph._profiles import get_profile
+    from autoremat.runtime._validate import compiled_stats
+
+    mesh = jax.make_mesh((4,), ("data",), axis_types=(AxisType.Auto,))
+    shardings = ([{"up": NamedSharding(mesh, P("data", None)), "down": NamedSharding(mesh, P(None, "data"))}] * 4,
+                 NamedSharding(mesh, P("data", None)))
+
+    def loss(params, x):
+        for p in params:
+            x = x + jnp.tanh(x @ p["up"]) @ p["down"]
+        return jnp.mean(x ** 2)
+
+    params = [{"up": jnp.ones((64, 256)) / 64, "down": jnp.ones((256, 64)) / 256}] * 4
+    args = jax.device_put((params, jnp.ones((2048, 64))), shardings)
+    per_device = compiled_stats(loss, *args).peak_bytes
+    small = _replace(get_profile("cpu"), name="small-accelerator", memory_bytes=int(0.75 * per_device / AUTO_MARGIN))
+    opt = autoremat.optimize(loss, budget="auto", device=small, in_shardings=shardings)
+    jax.jit(jax.grad(opt))(*args)
+    plan = opt.plan(*args)
+    assert plan.budget == int(small.memory_bytes * AUTO_MARGIN) < per_device
+    assert plan.meta["compiled_peak"] <= plan.budget

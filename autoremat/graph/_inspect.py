@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
+from tabulate import tabulate
 
 from autoremat._units import format_bytes as _format_bytes
 from autoremat.graph._costs import aval_bytes
@@ -176,27 +177,19 @@ class InspectReport:
             rows.sort(key=lambda r: -r.bytes)
         elif sort == "flops":
             rows.sort(key=lambda r: -r.recompute_flops)
-        header = ("type", "bytes", "recompute", "name", "source")
+        header = ("type", "bytes", "FLOPs to recompute", "name", "source")
         body = [(r.type, _format_bytes(r.bytes), _format_flops(r.recompute_flops), r.name or "",
                  r.description) for r in rows[:max_rows]]
-        widths = [max([len(h)] + [len(b[i]) for b in body]) for i, h in enumerate(header[:4])]
-
-        def fmt(cells):
-            # type and name left-aligned, numbers right-aligned, source free-width last.
-            return "  ".join([cells[0].ljust(widths[0]), cells[1].rjust(widths[1]),
-                              cells[2].rjust(widths[2]), cells[3].ljust(widths[3]), cells[4]]).rstrip()
-
         where = "per device" if self.sharded else "on one device"
-        lines = [f"Residuals of {self.function} ({where}), sorted by {sort}:", fmt(header),
-                 fmt(tuple("-" * len(h) if i == 4 else "-" * widths[i] for i, h in enumerate(header)))]
-        lines += [fmt(b) for b in body]
+        lines = [f"Residuals of {self.function} ({where}), sorted by {sort}:",
+                 tabulate(body, header, colalign=("left", "right", "right", "left", "left"), disable_numparse=True)]
         hidden = rows[max_rows:]
         if hidden:
             lines.append(f"... {len(hidden)} more rows, {_format_bytes(sum(r.bytes for r in hidden))}")
-        lines.append(
-            f"total: {len(self.rows)} residuals, {_format_bytes(self.total_bytes)} "
-            f"({_format_bytes(self.argument_bytes)} of arguments), "
-            f"recompute {_format_flops(self.total_recompute_flops)} FLOP")
+        lines.append(f"total: {len(self.rows)} residuals, {_format_bytes(self.total_bytes)} "
+                     f"({_format_bytes(self.argument_bytes)} of arguments)")
+        lines.append("FLOPs to recompute: of the forward slice that rebuilds the value from the function's "
+                     "inputs, each row on its own (rows share work: they do not add up)")
         return "\n".join(lines)
 
     def __str__(self) -> str:

@@ -32,6 +32,7 @@ class LayerRow:
     code: str  # e.g. "_transformer_block (examples.py:262-273)"
     bytes: dict = field(default_factory=lambda: {"save": 0, "offload": 0, "recompute": 0})
     recompute_flops: float | None = None  # the model's FLOPs re-run (None: the plan does not say)
+    recompute_time: float | None = None  # their roofline seconds on the plan's device profile
     names: dict = field(default_factory=lambda: {"save": set(), "offload": set(), "recompute": set()})
     trips: int = 1  # a scan's trip count (its body is one row: the whole stack)
     signature: tuple = ()
@@ -85,9 +86,10 @@ def _code(records) -> str:
 def _row(plan, records, span: tuple) -> LayerRow:
     start, stop, key = span
     trips = max((r.multiplicity for r in records), default=1)
-    flops = plan.meta.get("recompute_flops") or {}
+    flops, time = plan.meta.get("recompute_flops"), plan.meta.get("recompute_time")
     row = LayerRow(None, None, _code(records), trips=trips,
-                   recompute_flops=sum(flops.get(str(i), 0.0) for i in range(start, stop)) if flops else None)
+                   recompute_flops=sum(flops.get(str(i), 0.0) for i in range(start, stop)) if flops else None,
+                   recompute_time=sum(time.get(str(i), 0.0) for i in range(start, stop)) if time else None)
     sig = []
     for r in records:
         row.bytes[r.decision] += r.nbytes * r.multiplicity

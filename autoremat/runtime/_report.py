@@ -53,11 +53,14 @@ def _layer_table(plan) -> list[str]:
                           if row.names[d])
         table.append([row.layers, row.code, format_bytes(row.bytes["save"]), format_bytes(row.bytes["offload"]),
                       format_bytes(row.bytes["recompute"]),
-                      "?" if row.recompute_flops is None else f"{row.recompute_flops / 1e9:.3g}", names])
-    head = ["layers", "code", "saved", "offloaded", "recomputed", "GFLOP", "your checkpoint_names"]
-    return ["per layer (bytes and FLOPs of one layer; a scan's body: the whole stack; GFLOP: recomputed, "
-            "by autoremat's cost model):",
-            tabulate(table, head, colalign=("left", "left", "right", "right", "right", "right", "left"))]
+                      "?" if row.recompute_flops is None else f"{row.recompute_flops / 1e9:.3g}",
+                      "?" if row.recompute_time is None else f"{row.recompute_time * 1e3:.3g}", names])
+    head = ["layers", "code", "saved", "offloaded", "recomputed", "GFLOP", "ms", "your checkpoint_names"]
+    profile = plan.meta.get("profile", "the device profile")
+    return [f"per layer (one layer's figures; a scan's body: the whole stack; GFLOP and ms: what the backward "
+            f"pass re-runs, by autoremat's cost model on {profile}):",
+            tabulate(table, head, colalign=("left", "left", "right", "right", "right", "right", "right", "left"),
+                     disable_numparse=True)]
 
 
 def _regions(plan) -> list[str]:
