@@ -20,7 +20,7 @@ from autoremat.runtime._plan import Plan, Region, ScanPlan, ValueRecord
 from autoremat.solver import _blocks
 from autoremat.solver._chain import Segment, SolveResult
 from autoremat.solver._chain_model import ChainModel
-from autoremat.solver._recompute import _closure
+from autoremat.solver._recompute import _closure, recompute_times
 
 __all__ = ["to_plan", "plan_segments", "baseline_segments", "with_recompute_flops"]
 
@@ -204,8 +204,8 @@ def baseline_segments(model, option: str | None):
 
 def with_recompute_flops(g, plan: Plan) -> Plan:
     """`plan` with `meta["recompute_flops"]` and `meta["recompute_time"]`: per top-level
-    equation, the model's FLOPs and roofline seconds of the equations the backward pass re-runs
-    in it (a scan: its body's, times the trip count), from the recompute closure of what each
+    equation, the model's FLOPs and seconds (fusion-aware, as the solver counts them:
+    `recompute_times`) of the equations the backward pass re-runs in it (a scan: its body's, times the trip count), from the recompute closure of what each
     region and scan body keeps."""
     kept = {vid for vid, rec in plan.values.items() if rec.decision != "recompute"}
     for part in (*plan.regions, *plan.scans):
@@ -219,10 +219,12 @@ def with_recompute_flops(g, plan: Plan) -> Plan:
         recomputed, _ = _closure(g, ops, frozenset(kept), frozenset(), residuals)
         for o in recomputed:
             per_eqn.setdefault(str(g.ops[o].index), []).append(g.ops[o])
+    times = dict(recompute_times(g))
     for s in plan.scans:
         body = g.ops[s.op].bodies[0]
         recomputed, _ = _closure(body, list(body.ops), frozenset(kept), frozenset(), frozenset(body.residual_values()))
         per_eqn[str(g.ops[s.op].index)] = [body.ops[o] for o in recomputed]
+        times.update(recompute_times(body))
     flops = {k: sum(op.cost.flops * op.multiplicity for op in ops) for k, ops in per_eqn.items()}
-    time = {k: sum(op.time * op.multiplicity for op in ops) for k, ops in per_eqn.items()}
+    time = {k: sum(times[op.id] * op.multiplicity for op in ops) for k, ops in per_eqn.items()}
     return replace(plan, meta={**plan.meta, "recompute_flops": flops, "recompute_time": time})

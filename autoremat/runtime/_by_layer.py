@@ -32,7 +32,7 @@ class LayerRow:
     code: str  # e.g. "_transformer_block (examples.py:262-273)"
     bytes: dict = field(default_factory=lambda: {"save": 0, "offload": 0, "recompute": 0})
     recompute_flops: float | None = None  # the model's FLOPs re-run (None: the plan does not say)
-    recompute_time: float | None = None  # their roofline seconds on the plan's device profile
+    recompute_time: float | None = None  # their seconds on the plan's device profile (fusion-aware)
     names: dict = field(default_factory=lambda: {"save": set(), "offload": set(), "recompute": set()})
     trips: int = 1  # a scan's trip count (its body is one row: the whole stack)
     signature: tuple = ()
