@@ -47,6 +47,8 @@ def to_plan(model: ChainModel, segments: Sequence[Segment], *, budget: int | Non
             for vid in body.residual_values():
                 if body.values[vid].producer is not None:
                     decisions[vid] = "offload" if vid in off else ("save" if vid in saved else "recompute")
+            for vid in saved | off:  # kept values the backward pass does not read itself
+                decisions.setdefault(vid, "offload" if vid in off else "save")
             continue
         start, stop = blocks[0].start, blocks[-1].stop
         label = f"blocks {seg.start}-{seg.stop - 1}: {seg.option.name}"
@@ -57,13 +59,14 @@ def to_plan(model: ChainModel, segments: Sequence[Segment], *, budget: int | Non
                     decisions[vid] = "offload" if vid in off else ("save" if vid in saved else "recompute")
     for vid in _kept_at_boundaries(g, regions):
         decisions[vid] = "save"  # a later region's input (or a later equation's residual)
-    _keep_named_copies(g, decisions, regions, scans)
+    names = _merge_named_copies(g, decisions)
     values = {}
     for vid, dec in decisions.items():
         info = _blocks._value(g, vid)
         if info is None:
             continue
-        values[vid] = ValueRecord.from_graph(vid, dec, info, _blocks._op(g, info.producer))
+        rec = ValueRecord.from_graph(vid, dec, info, _blocks._op(g, info.producer))
+        values[vid] = replace(rec, name=rec.name or names.get(vid))
     m = dict(meta or {})
     if result is not None:
         m.update(solver=result.solver, status=result.status, gap=result.gap, solve_time=result.solve_time)
@@ -95,16 +98,20 @@ def _kept_at_boundaries(g, regions) -> set[str]:
     return kept
 
 
-def _keep_named_copies(g, decisions: dict, regions, scans) -> None:
-    """A `checkpoint_name` of a kept value is kept too: it is the same buffer."""
-    kept = {v for v, d in decisions.items() if d != "recompute"}
-    for part in (*regions, *scans):
-        kept |= part.saved | part.offloaded
-    for vid, dec in decisions.items():
+def _merge_named_copies(g, decisions: dict) -> dict[str, str]:
+    """A `checkpoint_name` of a kept value is the same buffer: its record goes, and the kept
+    value carries the user's name instead (returned: value id -> name)."""
+    names = {}
+    for vid, dec in list(decisions.items()):
         info = _blocks._value(g, vid)
         op = _blocks._op(g, info.producer) if info is not None and info.producer else None
-        if dec == "recompute" and op is not None and op.primitive == "name" and op.inputs and op.inputs[0] in kept:
-            decisions[vid] = "save"
+        if op is None or op.primitive != "name" or not op.inputs:
+            continue
+        source = op.inputs[0]
+        if decisions.get(source, "recompute") != "recompute" and dec in ("recompute", decisions[source]):
+            del decisions[vid]
+            names.setdefault(source, info.name)
+    return names
 
 
 def plan_segments(model, plan):
@@ -210,6 +217,8 @@ def with_recompute_flops(g, plan: Plan) -> Plan:
     kept = {vid for vid, rec in plan.values.items() if rec.decision != "recompute"}
     for part in (*plan.regions, *plan.scans):
         kept |= part.saved | part.offloaded
+    for graph in (g, *(g.ops[s.op].bodies[0] for s in plan.scans)):  # a kept value's checkpoint_name
+        kept |= {op.outputs[0] for op in graph.ops.values() if op.primitive == "name" and op.inputs[0] in kept}
     per_eqn: dict[str, list] = {}
     for r in plan.regions:
         ops = [op.id for op in g.ops.values() if r.start <= op.index < r.stop]
