@@ -422,3 +422,22 @@ def test_identical_layers_with_equal_decisions_are_one_row():
     assert row.layers == "layers 1-2" and "_transformer_block" in row.code
     mixed = _hand.layer_plan(g, layers, ["dots_saveable", "nothing_saveable"])
     assert [r.layers for r in layer_rows(mixed) if r.first] == ["layer 1", "layer 2"]
+
+
+@pytest.mark.parametrize("name", ["transformer", "transformer_scan"])
+def test_every_kept_value_has_a_record_with_its_source(name):
+    """`to_plan` records each value a region or scan body keeps (the export tags it at its
+    source line), and a `checkpoint_name` copy of a kept value is not counted twice."""
+    from autoremat._bridge import baseline_segments, to_plan
+    from autoremat.solver._chain_model import build_chain_model
+
+    ex = examples.get_example(name, tags=True, **TRANSFORMER)
+    model = build_chain_model(graph_from_traced(trace(ex.fn, ex.args)))
+    segments, _ = baseline_segments(model, "save:dots")
+    plan = to_plan(model, segments)
+    kept = set().union(*(p.saved | p.offloaded for p in (*plan.regions, *plan.scans)))
+    assert kept and kept <= set(plan.values)
+    assert all(plan.values[v].source and plan.values[v].decision != "recompute" for v in kept)
+    names = [r.name for r in plan.values.values() if r.name and r.decision == "save"]
+    assert names and len(names) == len(set(names)) * (1 if name.endswith("scan") else TRANSFORMER["n_layers"])
+    assert "autoremat_e" not in "".join(line for line in plan.to_python().splitlines() if "/body/" in line)
