@@ -441,3 +441,34 @@ def test_every_kept_value_has_a_record_with_its_source(name):
     names = [r.name for r in plan.values.values() if r.name and r.decision == "save"]
     assert names and len(names) == len(set(names)) * (1 if name.endswith("scan") else TRANSFORMER["n_layers"])
     assert "autoremat_e" not in "".join(line for line in plan.to_python().splitlines() if "/body/" in line)
+
+
+def test_a_linen_models_layers_are_named_by_module_path():
+    """flax linen puts module paths on JAX's name stack: the per-layer view names each layer by
+    it, and identical neighbours merge into one row spanning their paths (the first layer reads
+    the function's input and the last feeds the loss: each differs from the middle ones)."""
+    import flax.linen as nn
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return x + nn.Dense(16)(jax.nn.gelu(nn.Dense(64)(x)))
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            for _ in range(4):
+                x = Block()(x)
+            return jnp.mean(x ** 2)
+
+    net, x = Net(), jnp.ones((8, 16))
+    params = net.init(jax.random.key(0), x)
+    g = graph_from_traced(trace(lambda p, x: net.apply(p, x), (params, x)))
+    layers = find_layers(g)
+    assert len(layers) == 4
+    rows = [r for r in layer_rows(_hand.layer_plan(g, layers, ["nothing_saveable"] * 4)) if r.first]
+    assert [r.where.split(":")[0] for r in rows] == ["Net/Block_0", "Net/Block_1 .. Net/Block_2", "Net/Block_3"]
+    assert [r.layers for r in rows] == ["layer 1", "layers 2-3", "layer 4"]
+    mixed = _hand.layer_plan(g, layers, ["nothing_saveable", "dots_saveable", "nothing_saveable", None])
+    assert [r.scope for r in layer_rows(mixed) if r.first][:3] == ["Net/Block_0", "Net/Block_1", "Net/Block_2"]
+    assert re.search(r"# layer 2: Net/Block_1: \S*__call__ \(test_plan_io.py:\d+", mixed.to_python("flax-linen"))

@@ -69,6 +69,7 @@ class ValueInfo:
     kind: str
     differentiable: bool
     arg_name: str | None = None
+    scope: str = ""  # JAX's name stack where it was made: flax linen's module path ("Net/Block_0/Dense_1")
 
     @property
     def type_str(self) -> str:
@@ -219,6 +220,10 @@ def _sharding_divisor(aval, sharding) -> float:
     return max(1.0, full / part)
 
 
+def _is_float(aval) -> bool:
+    return hasattr(aval, "dtype") and jax.dtypes.issubdtype(aval.dtype, np.inexact)
+
+
 def _src(eqn) -> str:
     try:
         return source_info_util.summarize(eqn.source_info)
@@ -240,10 +245,7 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
     div: dict[str, float] = {}
     named_alias: dict[str, str] = {}
 
-    def is_float(aval):
-        return hasattr(aval, "dtype") and jax.dtypes.issubdtype(aval.dtype, np.inexact)
-
-    def add_value(v, vid, producer, source, kind, d, dv, arg_name=None, name=None):
+    def add_value(v, vid, producer, source, kind, d, dv, arg_name=None, name=None, scope=""):
         aval = v.aval
         # A value cannot be split into more pieces than it has elements (a scalar loss
         # computed from sharded activations is replicated, not 1/8 of a float).
@@ -251,7 +253,7 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
         nbytes = int(aval_bytes(aval) / dv) if dv > 1 else aval_bytes(aval)
         dtype = str(aval.dtype) if hasattr(aval, "dtype") else "token"
         values[vid] = ValueInfo(vid, tuple(getattr(aval, "shape", ())), dtype, nbytes, producer, source,
-                                name, kind, d, arg_name)
+                                name, kind, d, arg_name, scope)
         var_id[id(v)] = vid
         diff[vid] = d
         div[vid] = dv
@@ -262,7 +264,7 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
     inputs = []
     for i, v in enumerate(jaxpr.invars):
         vid = f"{prefix}in{i}"
-        add_value(v, vid, None, "", "input", bool(in_diff[i]) and is_float(v.aval), in_div[i],
+        add_value(v, vid, None, "", "input", bool(in_diff[i]) and _is_float(v.aval), in_div[i],
                   arg_name=arg_names[i] if arg_names else None)
         inputs.append(vid)
 
@@ -279,8 +281,9 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
         user_name = _user_name(eqn)
         for j, v in enumerate(eqn.outvars):
             vid = f"{oid}:{j}"
-            out_d = any_d and is_float(v.aval) and eqn.primitive.name not in _ZERO_DERIVATIVE
-            add_value(v, vid, oid, src, "intermediate", out_d, outs_div[j], name=user_name)
+            out_d = any_d and _is_float(v.aval) and eqn.primitive.name not in _ZERO_DERIVATIVE
+            add_value(v, vid, oid, src, "intermediate", out_d, outs_div[j], name=user_name,
+                      scope=str(eqn.source_info.name_stack))
             out_ids.append(vid)
         if user_name is not None and in_ids[0] is not None:
             # checkpoint_name is an identity: its input carries the user's name too.

@@ -36,6 +36,14 @@ class LayerRow:
     names: dict = field(default_factory=lambda: {"save": set(), "offload": set(), "recompute": set()})
     trips: int = 1  # a scan's trip count (its body is one row: the whole stack)
     signature: tuple = ()
+    scope: str = ""  # the layer's module path where JAX's name stack has one (flax linen)
+    last_scope: str = ""  # the last merged layer's
+
+    @property
+    def where(self) -> str:
+        """The module path(s), if known, and the code: `Net/Block_1 .. Net/Block_3: __call__ (model.py:12-20)`."""
+        scope = self.scope if self.last_scope in ("", self.scope) else f"{self.scope} .. {self.last_scope}"
+        return f"{scope}: {self.code}" if scope else self.code
 
     @property
     def layers(self) -> str:
@@ -83,11 +91,24 @@ def _code(records) -> str:
     return f"{fn} ({file}:{span})"
 
 
+def _scope(records) -> str:
+    """The name-stack path all of a layer's values share ("" when they share none)."""
+    paths = [r.scope.split("/") for r in records if getattr(r, "scope", "")]
+    if not paths:
+        return ""
+    common = []
+    for parts in zip(*paths):
+        if len(set(parts)) > 1:
+            break
+        common.append(parts[0])
+    return "/".join(common)
+
+
 def _row(plan, records, span: tuple) -> LayerRow:
     start, stop, key = span
     trips = max((r.multiplicity for r in records), default=1)
     flops, time = plan.meta.get("recompute_flops"), plan.meta.get("recompute_time")
-    row = LayerRow(None, None, _code(records), trips=trips,
+    row = LayerRow(None, None, _code(records), trips=trips, scope=_scope(records),
                    recompute_flops=sum(flops.get(str(i), 0.0) for i in range(start, stop)) if flops else None,
                    recompute_time=sum(time.get(str(i), 0.0) for i in range(start, stop)) if time else None)
     sig = []
@@ -130,7 +151,7 @@ def layer_rows(plan) -> list[LayerRow]:
     for _, row in _span_rows(plan):
         last = rows[-1] if rows else None
         if last is not None and row.signature and row.signature == last.signature:
-            last.last = row.last
+            last.last, last.last_scope = row.last, row.scope
             continue
         rows.append(row)
     return rows

@@ -155,7 +155,7 @@ def _policies_to_python(plan: Plan, layers, framework: str) -> str:
             "# One entry per layer, in the order your model calls them (None: leave the layer alone).",
             "LAYER_POLICIES = ["]
     for row, policy, scan, cse in layers:
-        out.append(f"    {policy},  # {row.layers}: {row.code}")
+        out.append(f"    {policy},  # {row.layers}: {row.where}")
     out += ["]", "PREVENT_CSE = [" + ", ".join(str(cse) for *_, cse in layers) + "]", ""]
     out += ["",
             "def remat_layer(i, fn):",
@@ -179,7 +179,7 @@ def _where(plan: Plan, framework: str) -> list[str]:
     for r in plan.regions:
         row = rows.get((r.start, r.stop))
         if row is not None:
-            out.append(f"#    {row.layers}: {row.code}")
+            out.append(f"#    {row.layers}: {row.where}")
             continue
         over = [row for (a, b), row in rows.items() if a < r.stop and r.start < b]
         where = ", ".join(dict.fromkeys(row.layers for row in over)) or "code outside the layers"
@@ -187,7 +187,7 @@ def _where(plan: Plan, framework: str) -> list[str]:
         inside.append(r)
     for s in plan.scans:
         row = rows.get((int(s.op[1:]), int(s.op[1:]) + 1))
-        out.append(f"#    the body of the scan over {row.layers + ': ' + row.code if row else s.op}: "
+        out.append(f"#    the body of the scan over {row.layers + ': ' + row.where if row else s.op}: "
                    f"jax.lax.scan(fn, ...)" + (f", prevent_cse={s.prevent_cse}" if not s.prevent_cse else ""))
     if inside:
         out.append(f"# {len(inside)} of these regions start or end inside a layer, which a per-layer wrapper "

@@ -116,13 +116,15 @@ class ValueRecord:
     name: str | None = None
     recompute_flops: float = 0.0
     multiplicity: int = 1
+    scope: str = ""  # JAX's name stack (flax linen: the module path), "" where none
 
     @classmethod
     def from_graph(cls, vid: str, decision: str, info, op) -> "ValueRecord":
         """The record of graph value `info` (a `graph.ValueInfo`) made by `op` (an `OpInfo`, or
         None for an input)."""
         return cls(vid, decision, info.type_str, info.nbytes, op.primitive if op else "input", info.source,
-                   info.name, float(op.cost.flops) if op else 0.0, op.multiplicity if op else 1)
+                   info.name, float(op.cost.flops) if op else 0.0, op.multiplicity if op else 1,
+                   getattr(info, "scope", ""))
 
 
 def checkpoint_names(values: Mapping[str, ValueRecord] | None, ids) -> dict[str, str]:

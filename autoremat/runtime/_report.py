@@ -51,7 +51,7 @@ def _layer_table(plan) -> list[str]:
         names = "; ".join(f"{verb} {', '.join(sorted(row.names[d]))}" for d, verb in
                           (("save", "keeps"), ("offload", "offloads"), ("recompute", "recomputes"))
                           if row.names[d])
-        table.append([row.layers, row.code, format_bytes(row.bytes["save"]), format_bytes(row.bytes["offload"]),
+        table.append([row.layers, row.where, format_bytes(row.bytes["save"]), format_bytes(row.bytes["offload"]),
                       format_bytes(row.bytes["recompute"]),
                       "?" if row.recompute_flops is None else f"{row.recompute_flops / 1e9:.3g}",
                       "?" if row.recompute_time is None else f"{row.recompute_time * 1e3:.3g}", names])
