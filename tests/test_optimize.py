@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import pytest
 
 import autoremat
-from autoremat import _optimize
+from autoremat import _optimize, examples
 from autoremat.runtime import compiled_stats
 from autoremat.solver import _peak_model
 
@@ -223,3 +223,30 @@ def test_a_looser_budget_never_recomputes_more(mlp):
     extra = {b: _optimize.plan_for(loss, b, (ws, x)).plan.meta["extra_flops"] for b in budgets}
     ordered = [extra[b] for b in sorted(budgets)]
     assert all(a >= b for a, b in zip(ordered, ordered[1:])), ordered
+
+
+def test_a_plan_is_compiled_once_whatever_it_is_called(monkeypatch):
+    """The search files compiled plans by what `apply` makes of them: the same regions under
+    another label, and the empty plan (the un-optimized step, compiled for the baseline), cost
+    no compile."""
+    from dataclasses import replace as _replace
+
+    from autoremat import _search
+    from autoremat._optimize import plan_for
+
+    ex = examples.get_example("mlp_chain", n_layers=4, width=64, batch=64)
+    planned = plan_for(ex.fn, 0.8, ex.args, validate=True)
+    sig = (planned.traced.signature, planned.model.none_scale)
+    compiled = [(k, c) for (s, k), c in _search._COMPILED.items() if s == sig and c.plan.regions]
+    assert compiled
+    calls = []
+    real = _search.compiled_stats
+    monkeypatch.setattr(_search, "compiled_stats", lambda *a, **k: calls.append(1) or real(*a, **k))
+    search = _search.PlanSearch(ex.fn, planned.model.graph, planned.model, tuple(ex.args), {}, {}, 10**9,
+                                {"function": "loss"}, lambda m: None, baseline_peak=planned.baseline_peak)
+    key, known = compiled[0]
+    again = search.compile_once(("renamed",), _replace(known.plan, meta={"found_by": "another name"}), 0.0, 0.0)
+    assert again.peak == known.peak and again.measured == known.measured
+    empty = search.compile_once(("empty",), _replace(known.plan, regions=(), scans=()), 0.0, 0.0)
+    assert empty.peak == planned.baseline_peak and empty.measured == 0.0
+    assert calls == []
