@@ -204,9 +204,3 @@ def _budget_words(plan: Plan) -> str:
     if plan.meta.get("compiled_peak"):
         parts.append(f"compiled peak {format_bytes(plan.meta['compiled_peak'])}")
     return f" ({', '.join(parts)})" if parts else ""
-
-
-def _eqn_index(vid: str) -> int:
-    """The top-level equation of value id `e12:0` (-1 for nested `e7/body/e3:0` and inputs)."""
-    head = vid.split(":")[0]
-    return int(head[1:]) if head[:1] == "e" and head[1:].isdigit() else -1
