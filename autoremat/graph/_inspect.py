@@ -245,11 +245,12 @@ def inspect(fn, *args, argnums=0, static_argnums: Sequence[int] = (), has_aux: b
       (96, 64)
       >>> print(report)  # doctest: +ELLIPSIS
       Residuals of <lambda> (on one device), sorted by bytes:
-      type      bytes  recompute  name  source
-      --------  -----  ---------  ----  ------
-      f32[2,8]   64 B          0        from the argument x
-      f32[2,4]   32 B        128        output of cos from <doctest ...>:1:28 (<lambda>)
-      total: 2 residuals, 96 B (64 B of arguments), recompute 128 FLOP
+      type        bytes    FLOPs to recompute  name    source
+      --------  -------  --------------------  ------  -----...
+      f32[2,8]     64 B                     0          from the argument x
+      f32[2,4]     32 B                   128          output of cos from <doctest ...>:1:28 (<lambda>)
+      total: 2 residuals, 96 B (64 B of arguments)
+      FLOPs to recompute: of the forward slice that rebuilds the value from the function's inputs, ...
     """
     traced = trace(fn, args, kwargs, argnums=argnums, static_argnums=static_argnums, has_aux=has_aux)
     residuals = function_residuals(traced)
