@@ -5,7 +5,7 @@ every stage; the stages never import it).
   per-value decisions for the traced function.
 * `plan_segments(model, plan)`: the inverse, for reports on a saved plan.
 * `baseline_segments(model, option)`: a JAX policy applied per block, in the chain's terms.
-* `with_recompute_flops(g, plan)`: the plan with the FLOPs it re-runs per top-level equation
+* `with_recompute_costs(g, plan)`: the plan with the FLOPs it re-runs per top-level equation
   (for the per-layer view, `runtime/_by_layer.py`).
 """
 
@@ -22,7 +22,7 @@ from autoremat.solver._chain import Segment, SolveResult
 from autoremat.solver._chain_model import ChainModel
 from autoremat.solver._recompute import _closure, recompute_times
 
-__all__ = ["to_plan", "plan_segments", "baseline_segments", "with_recompute_flops"]
+__all__ = ["to_plan", "plan_segments", "baseline_segments", "with_recompute_costs"]
 
 
 def to_plan(model: ChainModel, segments: Sequence[Segment], *, budget: int | None = None,
@@ -90,10 +90,9 @@ def _kept_at_boundaries(g, regions) -> set[str]:
     for op in g.ops.values():
         k = region_of.get(op.index)
         for v in op.inputs:
-            prod = g.values[v].producer if v in g.values else None
-            if prod is None or region_of.get(g.ops[prod].index, k) == k or region_of.get(g.ops[prod].index) is None:
-                continue
-            if k is not None or v in op.residual_inputs:
+            prod = g.values[v].producer
+            made_in = region_of.get(g.ops[prod].index) if prod is not None else None
+            if made_in is not None and made_in != k and (k is not None or v in op.residual_inputs):
                 kept.add(v)
     return kept
 
@@ -209,11 +208,11 @@ def baseline_segments(model, option: str | None):
     return tuple(segs), substituted
 
 
-def with_recompute_flops(g, plan: Plan) -> Plan:
+def with_recompute_costs(g, plan: Plan) -> Plan:
     """`plan` with `meta["recompute_flops"]` and `meta["recompute_time"]`: per top-level
     equation, the model's FLOPs and seconds (fusion-aware, as the solver counts them:
-    `recompute_times`) of the equations the backward pass re-runs in it (a scan: its body's, times the trip count), from the recompute closure of what each
-    region and scan body keeps."""
+    `recompute_times`) of the equations the backward pass re-runs in it (a scan: its body's,
+    times the trip count), from the recompute closure of what each region and scan body keeps."""
     kept = {vid for vid, rec in plan.values.items() if rec.decision != "recompute"}
     for part in (*plan.regions, *plan.scans):
         kept |= part.saved | part.offloaded

@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import jax
 
-from autoremat._bridge import to_plan, with_recompute_flops
+from autoremat._bridge import to_plan, with_recompute_costs
 from autoremat._errors import InfeasibleBudgetError
 from autoremat._progress import working
 from autoremat._hand import HandPlan, HandSearch
@@ -396,10 +396,10 @@ class PlanSearch:
             **best.plan.meta, **self.meta, "compiled_peak": best.peak, "rounds": _rounds(self.history),
             "found_by": how, "extra_flops": best.measured, "extra_matmul_flops": best.matmul,
             "hand_candidates": _hand_table(self.sig)})
-        return Planned(with_recompute_flops(self.g, plan), self.g.traced, self.model, self.baseline_peak, self.history)
+        return Planned(with_recompute_costs(self.g, plan), self.g.traced, self.model, self.baseline_peak, self.history)
 
     def _unvalidated(self, result) -> Planned:
-        plan = with_recompute_flops(self.g, to_plan(self.model, result.segments, budget=self.budget, result=result,
+        plan = with_recompute_costs(self.g, to_plan(self.model, result.segments, budget=self.budget, result=result,
                                                     meta=self.meta))
         warnings.warn(
             f"autoremat: plan for {self.meta['function']} predicts {format_bytes(result.peak_bytes)} for the budget "

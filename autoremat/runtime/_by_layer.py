@@ -6,7 +6,7 @@ layers.  `layer_rows` groups a plan's value records by the layers the planner fo
 identical layers) and says, per layer, where its code is (function and source lines), the
 bytes it saves, offloads and recomputes, the user's `checkpoint_name` tags it keeps and drops,
 and the FLOPs its recomputation re-runs (`plan.meta["recompute_flops"]`, per top-level equation,
-from `autoremat._bridge.with_recompute_flops`).  Consecutive identical layers with the same
+from `autoremat._bridge.with_recompute_costs`).  Consecutive identical layers with the same
 decisions are one row ("layers 2-5").  Code outside every layer (embedding, head, loss) gets a
 row of its own.
 """
@@ -92,16 +92,10 @@ def _code(records) -> str:
 
 
 def _scope(records) -> str:
-    """The name-stack path all of a layer's values share ("" when they share none)."""
-    paths = [r.scope.split("/") for r in records if getattr(r, "scope", "")]
-    if not paths:
-        return ""
-    common = []
-    for parts in zip(*paths):
-        if len(set(parts)) > 1:
-            break
-        common.append(parts[0])
-    return "/".join(common)
+    """The name-stack path all of a layer's values share ("" when they share none: then a
+    library's own scopes, `jnp.einsum`'s spec say, are not taken for the layer's name)."""
+    paths = [r.scope.split("/") if r.scope else [] for r in records]
+    return "/".join(os.path.commonprefix(paths)) if paths else ""
 
 
 def _row(plan, records, span: tuple) -> LayerRow:
