@@ -21,6 +21,7 @@ from autoremat.solver import _blocks
 from autoremat.solver._chain import Segment, SolveResult
 from autoremat.solver._chain_model import ChainModel
 from autoremat.solver._recompute import _closure, recompute_times
+from autoremat.solver._scan_options import _with_name_aliases
 
 __all__ = ["to_plan", "plan_segments", "baseline_segments", "with_recompute_costs"]
 
@@ -217,7 +218,7 @@ def with_recompute_costs(g, plan: Plan) -> Plan:
     for part in (*plan.regions, *plan.scans):
         kept |= part.saved | part.offloaded
     for graph in (g, *(g.ops[s.op].bodies[0] for s in plan.scans)):  # a kept value's checkpoint_name
-        kept |= {op.outputs[0] for op in graph.ops.values() if op.primitive == "name" and op.inputs[0] in kept}
+        kept = set(_with_name_aliases(graph.ops.values(), frozenset(kept)))
     per_eqn: dict[str, list] = {}
     for r in plan.regions:
         ops = [op.id for op in g.ops.values() if r.start <= op.index < r.stop]

@@ -79,7 +79,8 @@ def layer_plan(g: Graph, layers: Sequence[Layer], policies: Sequence, *,
             regions.append(Region(layer.start, layer.stop, policy=pol, label=f"layer {k}: {pol}"))
     return Plan(fingerprint=traced.fingerprint, n_eqns=len(traced.jaxpr.eqns), regions=tuple(regions),
                 scans=tuple(scans), argnums=traced.argnums, static_argnums=traced.static_argnums,
-                has_aux=traced.has_aux, meta={"layers": layer_spans(layers), **(meta or {})}, values=_records(g, layers, policies),
+                has_aux=traced.has_aux, meta={"layers": layer_spans(layers), **(meta or {})},
+                values=_records(g, layers, policies),
                 structure=tuple(describe_eqn(e) for e in traced.jaxpr.eqns))
 
 

@@ -583,9 +583,7 @@ def _frontier_point(m, plan, label: str, measure_fn, say) -> tuple:
     if measure_fn is not None:
         peak, step, _ = measure_fn(apply(m.fn, plan))
     extra = plan.estimated_extra_time or 0.0
-    say(f"budget {label}: peak {format_bytes(peak)}, +{extra * 1e3:.3g} ms estimated"
-        + (f", +{flops / 1e9:.4g} GFLOP compiled" if flops is not None else "")
-        + (f", {step * 1e3:.2f} ms measured" if step is not None else ""))
+    say(f"budget {label}: " + _point_words(peak, extra, flops, step))
     return ("autoremat", label, plan.budget, peak, plan.predicted_peak, extra, step, flops, "")
 
 
@@ -612,10 +610,15 @@ def _frontier_baselines(m, chain, how: tuple, measure_fn, rows: list, say):
         note = f"{substituted} blocks without this option used their lowest-memory option" if substituted else ""
         rows.append(("baseline", label, None, peak, predicted, extra, step, flops, note))
         baselines.append(ParetoPoint(label, peak, {"measured": step, "flops": flops, "estimated": extra}[y_kind]))
-        say(f"baseline {label}: peak {format_bytes(peak)}, +{extra * 1e3:.3g} ms estimated"
+        say(f"baseline {label}: " + _point_words(peak, extra, flops, step))
+    return baselines, none_time
+
+
+def _point_words(peak, extra: float, flops, step) -> str:
+    """A frontier point in progress output: its peak, and the costs known of it."""
+    return (f"peak {format_bytes(peak)}, +{extra * 1e3:.3g} ms estimated"
             + (f", +{flops / 1e9:.4g} GFLOP compiled" if flops is not None else "")
             + (f", {step * 1e3:.2f} ms measured" if step is not None else ""))
-    return baselines, none_time
 
 
 _COLUMNS = ("kind", "label", "budget_bytes", "peak_bytes", "predicted_peak_bytes", "estimated_extra_s",

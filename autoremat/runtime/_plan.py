@@ -124,7 +124,7 @@ class ValueRecord:
         None for an input)."""
         return cls(vid, decision, info.type_str, info.nbytes, op.primitive if op else "input", info.source,
                    info.name, float(op.cost.flops) if op else 0.0, op.multiplicity if op else 1,
-                   getattr(info, "scope", ""))
+                   info.scope)
 
 
 def checkpoint_names(values: Mapping[str, ValueRecord] | None, ids) -> dict[str, str]:
