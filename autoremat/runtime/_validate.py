@@ -20,6 +20,12 @@ from autoremat.runtime._plan import Plan
 
 __all__ = ["CompiledStats", "ValidationReport", "compiled_stats", "validate"]
 
+# Compiles that are not run are read for their memory alone, so on XLA:CPU LLVM need not
+# optimize the machine code: buffer assignment is done on HLO before it.  Measured by
+# benchmarks/compile_options.py (results/compile_options.md): the same compiled peak on every
+# program there, built-in examples and real-scale models alike, in less compile time.
+MEMORY_ONLY_CPU_OPTIONS = {"xla_backend_optimization_level": 0}
+
 
 @dataclass(frozen=True)
 class CompiledStats:
@@ -55,7 +61,8 @@ def compiled_stats(fn, *args, argnums=0, static_argnums=(), has_aux=False, n_ste
     Args:
       fn: the function (original or rewritten).
       *args, **kwargs: example arguments (concrete arrays when `n_steps > 0`).
-      n_steps: if positive, run the compiled step this many times and report the median.
+      n_steps: if positive, run the compiled step this many times and report the median;
+        if 0 on XLA:CPU, compiled with `MEMORY_ONLY_CPU_OPTIONS` (the code is never run).
     """
     backend = jax.default_backend()
     if backend == "cpu" and not cpu_flags_active():
@@ -67,7 +74,7 @@ def compiled_stats(fn, *args, argnums=0, static_argnums=(), has_aux=False, n_ste
     t0 = time.perf_counter()
     staged = step.trace(*args, **kwargs)
     jaxpr_flops, matmul_flops = jaxpr_cost(staged.jaxpr).flops, jaxpr_matmul_flops(staged.jaxpr)
-    compiled = staged.lower().compile()
+    compiled = staged.lower().compile(MEMORY_ONLY_CPU_OPTIONS if backend == "cpu" and n_steps <= 0 else None)
     compile_time = time.perf_counter() - t0
     m = compiled.memory_analysis()
     arg, out, temp, alias = (int(getattr(m, k, 0) or 0) for k in (

@@ -1,0 +1,82 @@
+"""Does LLVM's optimization level change XLA:CPU's memory figures?  (the planner's compiles)
+
+The planner compiles a step only to read `memory_analysis` and the jaxpr's FLOPs; the machine
+code is thrown away.  This compiles each program twice, with XLA's default options and with
+`runtime._validate.MEMORY_ONLY_CPU_OPTIONS`, and compares argument + output + temp - alias and
+the compile time.  Programs: the built-in examples (no remat, and `jax.checkpoint` with
+`nothing_saveable` around the whole loss), and the real-scale models of
+`benchmarks/realscale.py` with no remat and each JAX policy by hand.
+
+    .venv/bin/python benchmarks/compile_options.py      # ~6 min on 2 cores
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import autoremat
+
+autoremat.configure_cpu_flags()
+
+import jax  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import provenance  # noqa: E402
+from realscale import hand_variants, make_model  # noqa: E402
+
+from autoremat import examples  # noqa: E402
+from autoremat.runtime._validate import MEMORY_ONLY_CPU_OPTIONS  # noqa: E402
+
+REALSCALE = ("llama", "llama_scan", "gpt", "equinox", "haiku_scan", "resnet_flax")
+
+
+def _programs():
+    for name in examples.EXAMPLES:
+        ex = examples.get_example(name)
+        yield f"{name} no remat", ex.fn, ex.args
+        ckpt = jax.checkpoint(ex.fn, policy=jax.checkpoint_policies.nothing_saveable)
+        yield f"{name} nothing_saveable", ckpt, ex.args
+    for name in REALSCALE:
+        for label, pols, cse in hand_variants(name, mix=False):
+            if cse:
+                fn, args, _, _ = make_model(name, pols, cse)
+                yield f"{name} {label}", fn, args
+
+
+def _compile(fn, args, options):
+    lowered = jax.jit(jax.value_and_grad(fn)).trace(*args).lower()
+    t0 = time.perf_counter()
+    m = lowered.compile(options).memory_analysis()
+    peak = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
+    return peak, time.perf_counter() - t0
+
+
+def main() -> int:
+    t0 = time.perf_counter()
+    rows, same, times = [], 0, [0.0, 0.0]
+    for label, fn, args in _programs():
+        (p0, t_default), (p1, t_fast) = _compile(fn, args, None), _compile(fn, args, MEMORY_ONLY_CPU_OPTIONS)
+        same += p0 == p1
+        times[0] += t_default
+        times[1] += t_fast
+        rows.append(f"| {label} | {p0:,} | {p1:,} | {'yes' if p0 == p1 else '**NO**'} | {t_default:.2f} | "
+                    f"{t_fast:.2f} |")
+        print(rows[-1], file=sys.stderr, flush=True)
+    out = ["# XLA:CPU compile options for the planner's compiles", "",
+           provenance("python benchmarks/compile_options.py", (time.perf_counter() - t0) / 60), "",
+           f"Options: `{MEMORY_ONLY_CPU_OPTIONS}`. Peak = argument + output + temp - alias (bytes). "
+           f"Same peak on {same} of {len(rows)} programs; compile time {times[0]:.1f} s with the defaults, "
+           f"{times[1]:.1f} s with the options ({1 - times[1] / times[0]:.0%} less).", "",
+           "| program | peak, default | peak, options | same | compile s, default | compile s, options |",
+           "|---|---|---|---|---|---|", *rows, ""]
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "compile_options.md")
+    with open(path, "w") as f:
+        f.write("\n".join(out))
+    print(f"wrote {path}", file=sys.stderr)
+    return 0 if same == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
