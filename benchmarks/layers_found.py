@@ -28,7 +28,7 @@ def _models():
     for name in ("mlp_chain", "transformer", "transformer_scan", "convnet"):
         ex = get_example(name)
         yield f"examples.{name}", ex.fn, ex.args
-    for name in ("llama", "gpt", "llama_scan", "gpt_scan"):
+    for name in ("llama", "gpt", "llama_scan", "gpt_scan", *realscale.BUILDERS):
         loss, args, _, _ = realscale.make_model(name)
         yield f"realscale {name}", loss, args
 
@@ -38,7 +38,7 @@ def main() -> int:
     rows = ["| model | top-level equations | layers found | equations per layer | distinct keys |",
             "|---|---:|---:|---|---:|"]
     for label, fn, args in _models():
-        g = graph_from_traced(trace(fn, args))
+        g = graph_from_traced(trace(fn, args, skip_integer_leaves=False))
         layers = find_layers(g)
         widths = sorted({layer.stop - layer.start for layer in layers})
         rows.append(f"| {label} | {len(g.ops)} | {len(layers)} | {', '.join(map(str, widths)) or '-'} | "

@@ -8,6 +8,10 @@ Models (bf16, abstract `jax.ShapeDtypeStruct` arguments: nothing is allocated; X
   same layers stacked and run by `lax.scan`.
 * `gpt`: GPT-style decoder, LayerNorm / GELU / learned positions, 24 layers, d_model 2048,
   d_ff 8192, vocab 50304, seq 1024, batch 8 (1.42B parameters); `gpt_scan` likewise.
+* written with third-party libraries' own layer code and remat wrappers (`_thirdparty.py`, needs
+  `pip install -e .[bench]`): `flax_scan` (flax linen, `nn.scan` + `nn.remat`), `haiku_scan`
+  (`hk.layer_stack` + `hk.remat`), `equinox` (unrolled, `eqx.filter_checkpoint`), all 0.74B
+  parameters, and `resnet_flax` (ResNet-50, flax linen, 224 x 224, batch 64).
 
 Rows, per model: no remat; each JAX policy written by hand around every layer
 (`jax.checkpoint(layer, policy=...)`; inside the scan around the body, with JAX's default
@@ -21,7 +25,7 @@ scan body times its trip count): of its matmuls (`CompiledStats.matmul_flops`, w
 compares: the equations around them change with how a step was staged) and in all
 (`CompiledStats.jaxpr_flops`).
 
-    .venv/bin/python benchmarks/realscale.py                  # all models (~30 min on 2 cores)
+    .venv/bin/python benchmarks/realscale.py                  # all models (~35 min on 2 cores)
     .venv/bin/python benchmarks/realscale.py --models llama   # one model
 """
 
@@ -41,6 +45,7 @@ import jax.numpy as jnp  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import provenance  # noqa: E402
+from _thirdparty import BUILDERS  # noqa: E402
 
 from autoremat._errors import InfeasibleBudgetError  # noqa: E402
 from autoremat._optimize import plan_for  # noqa: E402
@@ -116,6 +121,8 @@ def make_model(name: str, policies=None, prevent_cse: bool = True, n_layers: int
     """(loss, abstract args, description, layers).  `policies`: per layer, a JAX policy name or
     None, applied by hand with `jax.checkpoint` (scan: the first entry, on the body);
     `n_layers`: another depth than the family's."""
+    if name in BUILDERS:  # written with a third-party library (`_thirdparty.py`)
+        return BUILDERS[name](policies, prevent_cse)
     family, scan = name.removesuffix("_scan"), name.endswith("_scan")
     layer_fn, L, D, H, F, V, S, B, shapes = FAMILIES[family]
     L = L if n_layers is None else n_layers
@@ -230,7 +237,7 @@ def run_model(name: str, say) -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", nargs="+", default=["llama", "llama_scan", "gpt", "gpt_scan"])
+    ap.add_argument("--models", nargs="+", default=["llama", "llama_scan", "gpt", "gpt_scan", *BUILDERS])
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                   "realscale.md"))
     a = ap.parse_args(argv)
