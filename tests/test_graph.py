@@ -454,6 +454,45 @@ def test_find_layers_finds_every_repeated_layer():
     assert find_layers(build_graph(conv.fn, *conv.args)) == ()
 
 
+def test_find_layers_finds_the_blocks_that_do_not_repeat():
+    """A ResNet's stages open with a block unlike the rest (a projection shortcut): found as a
+    layer of its own between the stacks, cut on the residual stream; the stem's lone matmul and
+    the head's are left outside, as people leave them outside their per-layer checkpoints."""
+    import jax
+    import jax.numpy as jnp
+
+    from autoremat.graph import build_graph
+    from autoremat.graph._layers import find_layers
+
+    def block(x, w1, w2, proj=None):
+        y = jnp.tanh(x @ w1) @ w2
+        return jax.nn.relu((x if proj is None else x @ proj) + y)
+
+    def loss(p, x):
+        h = (x @ p["stem"]) * 2.0
+        for stage in p["stages"]:
+            h = block(h, *stage[0])
+            for w1, w2 in stage[1:]:
+                h = block(h, w1, w2)
+        return jnp.mean(h @ p["head"])
+
+    widths = (16, 32)
+    stages, d = [], 16
+    for w in widths:
+        first = (jnp.ones((d, w)), jnp.ones((w, w)), jnp.ones((d, w)))
+        stages.append([first] + [(jnp.ones((w, w)), jnp.ones((w, w))) for _ in range(3)])
+        d = w
+    p = {"stem": jnp.ones((8, 16)), "stages": stages, "head": jnp.ones((d, 4))}
+    g = build_graph(loss, p, jnp.ones((4, 8)))
+    ops = list(g.ops.values())
+    layers = find_layers(g)
+    assert len(layers) == 8  # 2 stages x (1 projection block + 3 repeated ones)
+    heavy = [sum(op.primitive == "dot_general" for op in ops[la.start:la.stop]) for la in layers]
+    assert heavy == [3, 2, 2, 2, 3, 2, 2, 2]
+    assert len({la.key for la in layers}) == 4
+    assert not any(la.start <= 0 < la.stop for la in layers)  # the stem matmul is outside
+
+
 _TP_SCRIPT = textwrap.dedent("""
     import json
     import jax, jax.numpy as jnp

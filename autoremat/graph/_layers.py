@@ -99,7 +99,43 @@ def find_layers(g: Graph, *, min_heavy: int = 1) -> tuple[Layer, ...]:
         if op.primitive == "scan" and not any(a <= i < b for a, b in spans):
             spans.append((i, i + 1))
     spans.sort()
+    if spans:
+        spans = sorted(spans + _one_off_layers(g, heavy, _gaps(spans, len(ops))))
     return tuple(Layer(a, b, _layer_hash(g, ops, a, b)) for a, b in spans)
+
+
+def _gaps(spans: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
+    """The runs of top-level equations outside `spans` (sorted, disjoint)."""
+    edges = [0] + [x for span in spans for x in span] + [n]
+    return [(a, b) for a, b in zip(edges[0::2], edges[1::2]) if b > a]
+
+
+def _one_off_layers(g: Graph, heavy: np.ndarray, gaps) -> list[tuple[int, int]]:
+    """Layers that do not repeat, in the equations between the stacks: the pieces of a gap
+    between residual-stream cuts (where one value alone carries everything on, apart from
+    values live across the whole gap: masks, position tables, a U-Net's skips) that hold at
+    least two matmuls or convs.  A ResNet stage's first bottleneck (a projection shortcut, so
+    unlike the rest: ResNet-50 gave 12 of its 16 blocks without this) is one; a lone matmul
+    (a head, a stem conv) is what people leave outside their per-layer checkpoints."""
+    pos, last_use = positions_and_last_uses(g)
+    lives = [(pos[info.producer], last_use[v]) for v, info in g.values.items()
+             if info.producer is not None and last_use.get(v, -1) > pos[info.producer]]
+    out = []
+    for a, b in gaps:
+        if heavy[a:b].sum() < 2:
+            continue
+        count = np.zeros(b - a + 2, dtype=np.int64)  # values live across cut c (before op c), c in [a, b]
+        for p, last in lives:
+            if p < a and last >= b:
+                continue  # live across the whole gap
+            lo, hi = max(p + 1, a), min(last, b)
+            if lo <= hi:
+                count[lo - a] += 1
+                count[hi - a + 1] -= 1
+        cuts = [a + int(c) for c in np.flatnonzero(np.cumsum(count)[:b - a + 1] <= 1)]
+        cuts = sorted(set(cuts) | {a, b})
+        out += [(x, y) for x, y in zip(cuts, cuts[1:]) if heavy[x:y].sum() >= 2]
+    return out
 
 
 def _tokens(g: Graph, ops: list[OpInfo]) -> np.ndarray:
