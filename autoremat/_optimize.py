@@ -19,6 +19,7 @@ import functools
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import jax
 
@@ -43,6 +44,7 @@ __all__ = ["optimize", "Optimized", "plan_for"]
 
 AUTO_MARGIN = 0.9  # budget="auto": this fraction of the device's memory
 _BASELINES: dict = {}  # (fingerprint, argument types) -> the un-optimized step's CompiledStats
+_PREPARED: dict = {}  # (signature, profile, offload, baseline peak) -> `_prepared`'s graph, model, layers
 
 
 def _log(verbose: bool, msg: str):
@@ -63,40 +65,21 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
         offload = profile.name != "cpu"
     abstract_args, abstract_kwargs = abstract_arguments(args, kwargs, static_argnums, in_shardings,
                                                         getattr(fn, "__name__", "fn"))
-    t0 = time.perf_counter()
     traced = trace(fn, abstract_args, abstract_kwargs, argnums=argnums, static_argnums=static_argnums,
                    has_aux=has_aux, skip_integer_leaves=False)
     check_reverse_mode(traced, getattr(fn, "__name__", "fn"))
-    g = graph_from_traced(traced, profile=profile)
-    say(f"traced {len(traced.jaxpr.eqns)} equations; graph built in {time.perf_counter() - t0:.1f}s "
-        f"(profile {profile.name})")
-    t1 = time.perf_counter()
-    block_cache: dict = {}  # shared by every chain model built below
-    model = build_chain_model(g, offload=offload, block_cache=block_cache)
-    say(f"{len(model.blocks)} blocks, {sum(len(v) for v in model.problem.options.values())} region options "
-        f"({time.perf_counter() - t1:.1f}s)")
-
     stats_kw = dict(argnums=traced.argnums, static_argnums=static_argnums, has_aux=has_aux)
+    call = (abstract_args, abstract_kwargs, stats_kw)
     baseline_peak = none_flops = None
     if validate or isinstance(budget, float):
         # A fraction is of the compiled un-optimized peak, also with validate=False.
-        key = traced.signature
-        if key not in _BASELINES:  # one compile per signature and process (5 s at 1B parameters)
-            with working(say, "compiling the un-optimized step"):
-                _BASELINES[key] = compiled_stats(fn, *abstract_args, **stats_kw, **abstract_kwargs)
-        st = _BASELINES[key]
-        baseline_peak, none_flops = st.peak_bytes, (st.jaxpr_flops, st.matmul_flops)
-        say(f"un-optimized compiled peak {format_bytes(baseline_peak)}")
+        baseline_peak, none_flops = _baseline(fn, traced, call, say)
     if isinstance(budget, str) and budget.strip().lower() == "auto":
         budget_bytes = int(_device_memory(profile) * AUTO_MARGIN)
     else:
         budget_bytes = parse_budget(budget, reference_peak=baseline_peak)
     say(f"budget {format_bytes(budget_bytes)}")
-    if baseline_peak is not None:
-        model = _calibrated(fn, g, model, (abstract_args, abstract_kwargs, stats_kw), baseline_peak, offload,
-                            block_cache, say)
-
-    layers = find_layers(g)
+    g, model, block_cache, layers = _prepared(fn, traced, profile, offload, call, baseline_peak, say)
     meta = {"function": getattr(fn, "__name__", "fn"), "jax": jax.__version__, "backend": jax.default_backend(),
             "baseline_peak": baseline_peak, "blocks": len(model.blocks), "layers": layer_spans(layers)}
     search = PlanSearch(fn, g, model, abstract_args, abstract_kwargs, stats_kw, budget_bytes, meta, say,
@@ -106,7 +89,44 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
                         block_cache=block_cache)
     if baseline_peak is not None and baseline_peak <= search.limit:
         return _as_written(model, traced, budget_bytes, baseline_peak, meta, say)
-    return search.run()
+    # The graph may be another trace's of the same signature: run the plan with this one's constants.
+    return replace(search.run(), traced=traced)
+
+
+def _baseline(fn, traced, call, say) -> tuple[int, tuple]:
+    """The un-optimized step's compiled peak and (jaxpr FLOPs, of matmuls): one compile per
+    signature and process (5 s at 1B parameters)."""
+    args, kwargs, stats_kw = call
+    key = traced.signature
+    if key not in _BASELINES:
+        with working(say, "compiling the un-optimized step"):
+            _BASELINES[key] = compiled_stats(fn, *args, **stats_kw, **kwargs)
+    st = _BASELINES[key]
+    say(f"un-optimized compiled peak {format_bytes(st.peak_bytes)}")
+    return st.peak_bytes, (st.jaxpr_flops, st.matmul_flops)
+
+
+def _prepared(fn, traced, profile, offload: bool, call, baseline_peak, say):
+    """(graph, chain model calibrated on the compiled step, block cache, layers) of a signature:
+    built once per process and reused at every later budget (at 1B parameters, 8 s of graph,
+    blocks and calibration per budget: benchmarks/realscale.py)."""
+    key = (traced.signature, repr(profile), offload, baseline_peak)
+    if key in _PREPARED:
+        say("graph, chain and layers as planned before for this signature")
+        return _PREPARED[key]
+    t0 = time.perf_counter()
+    g = graph_from_traced(traced, profile=profile)
+    say(f"traced {len(traced.jaxpr.eqns)} equations; graph built in {time.perf_counter() - t0:.1f}s "
+        f"(profile {profile.name})")
+    t1 = time.perf_counter()
+    block_cache: dict = {}  # shared by every chain model built for this signature
+    model = build_chain_model(g, offload=offload, block_cache=block_cache)
+    say(f"{len(model.blocks)} blocks, {sum(len(v) for v in model.problem.options.values())} region options "
+        f"({time.perf_counter() - t1:.1f}s)")
+    if baseline_peak is not None:
+        model = _calibrated(fn, g, model, call, baseline_peak, offload, block_cache, say)
+    _PREPARED[key] = g, model, block_cache, find_layers(g)
+    return _PREPARED[key]
 
 
 def _calibrated(fn, g, model: ChainModel, call, baseline_peak: int, offload: bool, block_cache: dict,
@@ -151,8 +171,6 @@ def _all_none(model: ChainModel):
 
 
 def _with(plan: Plan, **kw) -> Plan:
-    from dataclasses import replace
-
     return replace(plan, **kw)
 
 

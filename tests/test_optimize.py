@@ -147,6 +147,7 @@ def test_compile_and_correct_loop_when_the_model_is_off(mlp, monkeypatch):
     monkeypatch.setattr(_peak_model._BackwardProfile, "peak", lambda self, a, b, values, **kw: 0)
     budget = int(0.7 * base)
     monkeypatch.setattr(_optimize, "find_layers", lambda g: ())  # no hand-written plans to beat
+    monkeypatch.setattr(_optimize, "_PREPARED", {})  # the graph and model built under these patches
     planned = _optimize.plan_for(loss, budget, (ws, x))
     history = planned.history
     assert history and history[0]["compiled"] > history[0]["predicted"]  # the first model was off
@@ -165,6 +166,7 @@ def test_over_prediction_raises_the_target(mlp, monkeypatch):
                         lambda self, a, b, values, **kw: int(1.15 * real_peak(self, a, b, values, **kw)))
     budget = int(0.85 * base)
     monkeypatch.setattr(_optimize, "find_layers", lambda g: ())  # no hand-written plans to beat
+    monkeypatch.setattr(_optimize, "_PREPARED", {})  # the graph and model built under these patches
     planned = _optimize.plan_for(loss, budget, (ws, x))
     history = planned.history
     assert len(history) >= 2 and history[1]["target"] > history[0]["target"]
@@ -250,3 +252,56 @@ def test_a_plan_is_compiled_once_whatever_it_is_called(monkeypatch):
     empty = search.compile_once(("empty",), _replace(known.plan, regions=(), scans=()), 0.0, 0.0)
     assert empty.peak == planned.baseline_peak and empty.measured == 0.0
     assert calls == []
+
+
+def test_a_later_budget_reuses_the_graph_and_runs_its_own_constants(monkeypatch):
+    """The graph, chain model and layers of a signature are built once per process; a second
+    function with the same structure but other closed-over constants reuses them and its plan
+    still runs with its own constants."""
+    from autoremat._optimize import plan_for
+
+    loss, ws, x = _mlp(n=4, batch=256)
+
+    def closing_over(scale):
+        def f(ws):
+            return loss(ws, x * scale)
+        return f
+
+    f1, f2 = closing_over(jnp.full((), 1.0, jnp.float32)), closing_over(jnp.full((), 3.0, jnp.float32))
+    built = []
+    monkeypatch.setattr(_optimize, "_PREPARED", {})
+    real = _optimize.graph_from_traced
+    monkeypatch.setattr(_optimize, "graph_from_traced", lambda *a, **k: built.append(1) or real(*a, **k))
+    plan_for(f1, 0.8, (ws,))
+    assert built == [1]
+    opt = autoremat.optimize(f2, budget=0.7)
+    value = opt(ws)  # concrete arguments: f1's signature (under jax.grad, shardings are unknown)
+    assert built == [1]  # the graph was not built again
+    assert not opt.plan(ws).as_written  # the plan runs the traced program, with its constants
+    assert float(value) == pytest.approx(float(f2(ws)), rel=1e-6)
+    assert float(f1(ws)) != pytest.approx(float(f2(ws)), rel=1e-2)  # the constants matter
+
+
+def test_a_plan_the_compiled_ratios_rule_out_is_not_compiled():
+    """Once a compiled plan fits, a chain-model plan whose prediction, scaled by the smallest
+    compiled/predicted ratio seen for the signature, is over the limit is not compiled; while
+    nothing fits, every plan may be (skipping could then cost the only answer)."""
+    from autoremat import _search
+    from autoremat._optimize import plan_for
+
+    ex = examples.get_example("mlp_chain", n_layers=4, width=64, batch=64)
+    planned = plan_for(ex.fn, 0.75, ex.args)
+    sig = (planned.traced.signature, planned.model.none_scale)
+    pairs = [(c.peak, c.plan.predicted_peak) for (s, _), c in _search._COMPILED.items()
+             if s == sig and c.plan.predicted_peak]
+    assert pairs
+    r = min(peak / pred for peak, pred in pairs)
+
+    def search(budget):
+        return _search.PlanSearch(ex.fn, planned.model.graph, planned.model, tuple(ex.args), {}, {}, budget,
+                                  {"function": "loss"}, lambda m: None, baseline_peak=planned.baseline_peak)
+
+    fits = search(planned.plan.meta["compiled_peak"])
+    assert fits.hopeless(int(fits.limit / r * 1.01)) and not fits.hopeless(int(fits.limit / r * 0.99))
+    lowest = min(c.peak for (s, _), c in _search._COMPILED.items() if s == sig)
+    assert not search(lowest - 1).hopeless(10 * lowest)
