@@ -491,6 +491,7 @@ def test_find_layers_finds_the_blocks_that_do_not_repeat():
     assert heavy == [3, 2, 2, 2, 3, 2, 2, 2]
     assert len({la.key for la in layers}) == 4
     assert not any(la.start <= 0 < la.stop for la in layers)  # the stem matmul is outside
+    assert all(a.stop == b.start for a, b in zip(layers, layers[1:]))  # no activation left between
 
 
 _TP_SCRIPT = textwrap.dedent("""

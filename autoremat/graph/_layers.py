@@ -100,7 +100,8 @@ def find_layers(g: Graph, *, min_heavy: int = 1) -> tuple[Layer, ...]:
             spans.append((i, i + 1))
     spans.sort()
     if spans:
-        spans = sorted(spans + _one_off_layers(g, heavy, _gaps(spans, len(ops))))
+        matmuls = np.array([_matmuls(op) for op in ops])
+        spans = sorted(spans + _one_off_layers(g, matmuls, cross, _gaps(spans, len(ops))))
     return tuple(Layer(a, b, _layer_hash(g, ops, a, b)) for a, b in spans)
 
 
@@ -110,11 +111,18 @@ def _gaps(spans: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
     return [(a, b) for a, b in zip(edges[0::2], edges[1::2]) if b > a]
 
 
-def _one_off_layers(g: Graph, heavy: np.ndarray, gaps) -> list[tuple[int, int]]:
+def _matmuls(op: OpInfo) -> int:
+    """Matmuls and convolutions in an equation, nested bodies included."""
+    if op.primitive in ("dot_general", "conv_general_dilated"):
+        return 1
+    return sum(_matmuls(inner) for body in op.bodies for inner in body.ops.values())
+
+
+def _one_off_layers(g: Graph, heavy: np.ndarray, cross: list[int], gaps) -> list[tuple[int, int]]:
     """Layers that do not repeat, in the equations between the stacks: the pieces of a gap
     between residual-stream cuts (where one value alone carries everything on, apart from
     values live across the whole gap: masks, position tables, a U-Net's skips) that hold at
-    least two matmuls or convs.  A ResNet stage's first bottleneck (a projection shortcut, so
+    least two matmuls or convs (`heavy`: per equation).  A ResNet stage's first bottleneck (a projection shortcut, so
     unlike the rest: ResNet-50 gave 12 of its 16 blocks without this) is one; a lone matmul
     (a head, a stem conv) is what people leave outside their per-layer checkpoints."""
     pos, last_use = positions_and_last_uses(g)
@@ -133,8 +141,25 @@ def _one_off_layers(g: Graph, heavy: np.ndarray, gaps) -> list[tuple[int, int]]:
                 count[lo - a] += 1
                 count[hi - a + 1] -= 1
         cuts = [a + int(c) for c in np.flatnonzero(np.cumsum(count)[:b - a + 1] <= 1)]
-        cuts = sorted(set(cuts) | {a, b})
-        out += [(x, y) for x, y in zip(cuts, cuts[1:]) if heavy[x:y].sum() >= 2]
+        out += _heavy_pieces(heavy, cross, sorted(set(cuts) | {a, b}))
+    return out
+
+
+def _heavy_pieces(heavy: np.ndarray, cross: list[int], cuts: list[int]) -> list[tuple[int, int]]:
+    """The pieces between consecutive cuts with at least two matmuls, each starting at the cut
+    crossed by the fewest bytes (the earliest of equals) since the last matmul before it: where
+    the repeated layers start too (`_find_runs`).  A ResNet stage's first block then opens with
+    the previous block's last activation, as the repeated blocks do (cut after it, both were
+    kept and per-block dots_saveable compiled above the hand-written plan's 2.99 GiB), and after
+    the stem's pooling, not before it (4x fewer bytes)."""
+    out, opened = [], []  # cuts since the last piece with a matmul
+    for x, y in zip(cuts, cuts[1:]):
+        opened.append(x)
+        n = heavy[x:y].sum()
+        if n >= 2:
+            out.append((min(opened, key=lambda c: (cross[c], c)), y))
+        if n:
+            opened = []
     return out
 
 
