@@ -8,11 +8,8 @@
 2. **offload probe** (`probe_offload`): off the CPU, whether offloading lowers the compiled peak
    at all on this backend; planning goes on without it if not.
 3. **solver rounds** (`solver_rounds`): the chain solver's plan for a target, compiled; the
-   target starts at the budget (lower where this step's compiled chain-model plans all came
-   out above their predictions: `first_target`) and moves with what XLA said (down after an
-   overshoot, up into unused memory).  A plan the model says recomputes at least what the best
-   compiled plan does is not compiled, nor, once a plan fits, one that every compiled/predicted
-   ratio of the step puts over the budget (`hopeless`).
+   target moves with what XLA said (down after an overshoot, up into unused memory).  A plan
+   the model says recomputes at least what the best compiled plan does is not compiled.
 4. **policy checks** (`policy_checks`): JAX's policies per block in the model's terms, and
    faster uniform plans the model may have over-predicted, compiled where they could win.
 5. **fallback** (`fallback`): when no solver plan fits: compile-verified uniform plans (the user's
@@ -35,7 +32,7 @@ from autoremat._bridge import to_plan, with_recompute_costs
 from autoremat._errors import InfeasibleBudgetError
 from autoremat._progress import working
 from autoremat._hand import HandPlan, HandSearch
-from autoremat._layer_options import fit_peak_line, ilp_options
+from autoremat._layer_options import ilp_options
 from autoremat._units import format_bytes
 from autoremat.graph._costs import OpCost
 from autoremat.graph._graph import Graph
@@ -62,9 +59,6 @@ MAX_RAISES = 4
 # After the solver's plan, at most MAX_UNIFORM_CHECKS faster uniform plans predicted within
 # UNIFORM_REACH x the budget are compiled in case the model over-predicted them.
 MAX_UNIFORM_CHECKS = 4
-# Chain-model plans compiled, all above their predictions, before the search trusts that the
-# model under-predicts this step (`PlanSearch.under_predicts`).
-MIN_UNDER = 2
 UNIFORM_REACH = 1.3
 UNIFORM_NEAR = 1.1
 # The option kinds that are JAX's built-in policies (nothing_saveable, dots_saveable,
@@ -222,51 +216,6 @@ class PlanSearch:
                      f"{known.plan.meta.get('found_by', 'plan')}, +{known.measured / 1e9:.4g} GFLOP: not compiled)")
         return False
 
-    def hopeless(self, predicted: int) -> bool:
-        """Whether a plan the chain model predicts at `predicted` bytes is not worth compiling:
-        a compiled plan already fits (so skipping risks a slower answer, never none), and
-        every chain-model plan compiled for this signature came out at least r x its
-        prediction, with `predicted` x r over the limit.  At 1B parameters the model
-        under-predicted by 40-47% and the fallback compiled 5-9 uniform plans per budget that
-        all came out over, at 7-8 s each (Llama 1B, benchmarks/realscale.py)."""
-        if _best_compiled(self.sig, self.limit) is None or not self.under_predicts():
-            return False
-        return predicted * min(self.ratios()) > self.limit
-
-    def under_predicts(self) -> bool:
-        """Whether the chain model has under-predicted this step systematically: at least
-        MIN_UNDER chain-model plans compiled, every one above its prediction.  One plan's error
-        says little about another's: on the small scan transformer one plan compiled 4.9% above
-        its prediction, another 4.2% below (cpu.md); pruning or lowering the target on the
-        first alone lost that second plan, the answer at its budget."""
-        ratios = self.ratios()
-        return len(ratios) >= MIN_UNDER and min(ratios) > 1.0
-
-    def ratios(self) -> list[float]:
-        """Compiled / predicted peak of every chain-model plan compiled for this signature."""
-        return [c.peak / c.plan.predicted_peak for c in self.model_plans()]
-
-    def model_plans(self) -> list[_Compiled]:
-        return [c for (s, _), c in _COMPILED.items() if s == self.sig and c.plan.predicted_peak]
-
-    def first_target(self) -> int:
-        """The solver's first target: the budget, or where the line through this signature's
-        compiled chain-model plans (compiled peak against predicted) meets the limit, when
-        they all came out above their predictions.  At 1B parameters the model under-predicted
-        every plan, by 17% at 23 GiB and 40-47% at 9-13 GiB, so each budget's round 1 compiled
-        over budget (7 s) before the target came down (Llama 1B, realscale.py)."""
-        if not self.under_predicts():
-            return self.budget
-        line = fit_peak_line([(c.plan.predicted_peak, c.peak) for c in self.model_plans()])
-        if line is None or line[1] <= 0.05:  # one predicted peak, or flat: the least overshoot seen
-            target = int(self.limit / min(self.ratios()))
-        else:
-            target = int((self.limit - line[0]) / line[1])
-        target = min(self.budget, max(target, 1))
-        self.say(f"the chain-model plans of this step compiled above their predictions: first target "
-                 f"{format_bytes(target)}")
-        return target
-
     def _rebuilt(self, merge: str) -> ChainModel:
         """The chain rebuilt with blocks merged another way ("prev": activations closing their
         layer; "none": every cut kept, finer regions: the U-Net's stages need cuts of both kinds)."""
@@ -315,7 +264,7 @@ class PlanSearch:
     def solver_rounds(self):
         """Phase 3: (estimated time, segments, result, how) of the fastest solver plan that
         compiled within the budget, or None; with validate=False, the uncompiled `Planned`."""
-        best, target = None, self.first_target()
+        best, target = None, self.budget
         steer = _Steer(self.limit, self.budget)
         for rnd in range(self.max_rounds + MAX_RAISES):
             if rnd >= self.max_rounds + steer.raised:
@@ -325,9 +274,6 @@ class PlanSearch:
             except InfeasibleBudgetError as e:
                 if best is None and rnd == 0 and not self.validate:
                     raise self._infeasible_unvalidated(e) from None
-                if rnd == 0 and target < self.budget and e.lowest and e.lowest <= self.budget:
-                    target = e.lowest  # lowered below what the model reaches: its leanest plan
-                    continue
                 break
             self.say(f"round {rnd + 1}: solver {result.solver} ({result.status}, {result.solve_time:.2f}s) predicts "
                      f"{format_bytes(result.peak_bytes)}, +{result.objective * 1e3:.3g} ms, "
@@ -362,7 +308,7 @@ class PlanSearch:
         cands = _uniform_candidates(self.model)
         best_flops, solver_extra = _recompute_flops(best[1]), best[0]
         for c in sorted((c for c in cands if c.is_policy), key=lambda c: c.flops):
-            if (c.flops >= best_flops or c.extra > best[0] * (1 + POLICY_TOLERANCE) or self.hopeless(c.peak)
+            if (c.flops >= best_flops or c.extra > best[0] * (1 + POLICY_TOLERANCE)
                     or c.peak > UNIFORM_REACH * self.budget or not self.can_win(c.segs, quiet=True)):
                 continue
             if self.compile_peak(c.segs, c.label) <= self.limit:
@@ -375,7 +321,6 @@ class PlanSearch:
             best_flops = _recompute_flops(best[1])
             pool = [c for c in cands
                     if c.segs != best[1] and c.segs not in failed and c.peak <= UNIFORM_REACH * self.budget
-                    and not self.hopeless(c.peak)
                     and c.extra < best[0] and (c.extra * (1 + POLICY_TOLERANCE) < min(best[0], solver_extra)
                                                or c.flops <= best_flops)]
             if not pool:
@@ -399,11 +344,10 @@ class PlanSearch:
                 # A compiled plan fits (a hand-written one): rebuilding the chain two more ways
                 # costs region solves (at 1B, minutes with the compiles) for rarely better plans.
                 break
-            m = self.model if variant == "next" else self._rebuilt(variant)
-            if m is not self.model:
-                self.model = m
+            if variant != "next":
+                self.model = self._rebuilt(variant)
                 try:
-                    result = solve(m.problem, self.budget, method=self.solver, time_limit=self.time_limit)
+                    result = solve(self.model.problem, self.budget, method=self.solver, time_limit=self.time_limit)
                     how = f"solver, blocks merged {variant}"
                     if self.compile_peak(result.segments, how, result) <= self.limit:
                         return self.accept(result.segments, result, how)
@@ -419,8 +363,7 @@ class PlanSearch:
                         return self.accept(c.segs, None, f"{c.label}, blocks merged {variant}")
             low = lowest_peak_segments(self.model.problem)
             how = f"lowest predicted peak, blocks merged {variant}"
-            if (self.can_win(low) and not self.hopeless(evaluate(self.model.raw_problem, low)[0])
-                    and self.compile_peak(low, how) <= self.limit):
+            if self.can_win(low) and self.compile_peak(low, how) <= self.limit:
                 return self.accept(low, None, how)
         known = _best_compiled(self.sig, self.limit)
         if known is not None:  # compiled for another budget of this signature, and fits this one
@@ -442,10 +385,9 @@ class PlanSearch:
         chosen += [c for c in cands if c not in chosen and (
             c.kind.endswith("recompute") or c.kind.startswith("scan:save:name:") or c.is_policy)]
         chosen.sort(key=lambda c: c.extra)
-        chosen = [c for c in chosen if self.can_win(c.segs, quiet=True) and not self.hopeless(c.peak)]
         self.say(f"the model and XLA disagree; trying {len(chosen)} compile-verified uniform plans (blocks merged "
                  f"{variant})")
-        return chosen
+        return [c for c in chosen if self.can_win(c.segs, quiet=True)]
 
     # -- answers ---------------------------------------------------------------------------
     def accept(self, segments, result, how) -> Planned:

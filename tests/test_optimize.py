@@ -281,39 +281,3 @@ def test_a_later_budget_reuses_the_graph_and_runs_its_own_constants(monkeypatch)
     assert float(value) == pytest.approx(float(f2(ws)), rel=1e-6)
     assert float(f1(ws)) != pytest.approx(float(f2(ws)), rel=1e-2)  # the constants matter
 
-
-def test_a_plan_the_compiled_ratios_rule_out_is_not_compiled(monkeypatch):
-    """Once a plan fits and at least two chain-model plans of the step all compiled above their
-    predictions, a plan whose prediction times the least of those ratios is over the limit is
-    not compiled, and the solver's first target comes down to the line through them; one
-    compiled plan, or plans the model got wrong both ways, change nothing."""
-    from types import SimpleNamespace
-
-    from autoremat import _search
-    from autoremat._optimize import plan_for
-
-    ex = examples.get_example("mlp_chain", n_layers=4, width=64, batch=64)
-    planned = plan_for(ex.fn, 0.75, ex.args)
-    budget = planned.plan.meta["compiled_peak"]  # a compiled plan fits it
-    search = _search.PlanSearch(ex.fn, planned.model.graph, planned.model, tuple(ex.args), {}, {}, budget,
-                                {"function": "loss"}, lambda m: None, baseline_peak=planned.baseline_peak)
-
-    def compiled(*pairs):  # (predicted, compiled) peaks of chain-model plans
-        plans = [SimpleNamespace(peak=c, plan=SimpleNamespace(predicted_peak=p)) for p, c in pairs]
-        monkeypatch.setattr(search, "model_plans", lambda: plans)
-
-    lim = search.limit
-    compiled((lim, int(1.2 * lim)), (lim // 2, int(0.7 * lim)))  # x1.2 and x1.4 over
-    assert search.hopeless(int(lim / 1.2 * 1.01)) and not search.hopeless(int(lim / 1.2 * 0.99))
-    line_a, line_b = 0.2 * lim, 1.0  # the line through the two points: compiled = 0.2 lim + predicted
-    assert search.first_target() == pytest.approx((lim - line_a) / line_b, rel=1e-3)
-    compiled((lim, int(1.2 * lim)))
-    assert not search.hopeless(2 * lim) and search.first_target() == budget
-    compiled((lim, int(1.2 * lim)), (lim // 2, int(0.45 * lim)))  # one over, one under
-    assert not search.hopeless(2 * lim) and search.first_target() == budget
-    compiled((lim, int(1.2 * lim)), (lim // 2, int(0.7 * lim)))
-    lowest = min(c.peak for (s, _), c in _search._COMPILED.items() if s == search.sig)
-    tight = _search.PlanSearch(ex.fn, planned.model.graph, planned.model, tuple(ex.args), {}, {}, lowest - 1,
-                               {"function": "loss"}, lambda m: None, baseline_peak=planned.baseline_peak)
-    monkeypatch.setattr(tight, "model_plans", search.model_plans)
-    assert not tight.hopeless(2 * lim)  # nothing compiled fits: every plan may be the answer
