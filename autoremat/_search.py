@@ -356,11 +356,12 @@ class PlanSearch:
             if variant != "none":
                 chosen = self._fallback_pool(variant)
                 for k, c in enumerate(chosen):
-                    self.say(f"  trying {k + 1}/{len(chosen)}: {c.label}")
+                    self.say(f"  trying {k + 1}/{len(chosen)}: {c.label} (predicted {format_bytes(c.peak)})")
                     peak = self.compile_peak(c.segs, f"{c.label}, blocks merged {variant}")
                     if peak <= self.limit:
                         self.say(f"{c.label}: compiled {format_bytes(peak)} fits")
                         return self.accept(c.segs, None, f"{c.label}, blocks merged {variant}")
+                    self.say(f"  compiled {format_bytes(peak)}: over budget")
             low = lowest_peak_segments(self.model.problem)
             how = f"lowest predicted peak, blocks merged {variant}"
             if self.can_win(low) and self.compile_peak(low, how) <= self.limit:
