@@ -12,6 +12,9 @@ measurements (`runtime/_measure.py`) need to know where the layers are and which
   model with two stacks (encoder and decoder, a U-Net's stages of different widths) gets both.
 * **Where a layer starts.**  Within the period, at the cut crossed by the fewest bytes of
   intermediate values: the residual stream between layers (`crossing_bytes`).
+* **Layers that do not repeat.**  Between the stacks, the pieces cut on the residual stream that
+  hold two or more matmuls or convs (a ResNet stage's first block, with its projection
+  shortcut); a lone matmul (stem, head) is left outside.
 * **Which layers are the same.**  The layers' dataflow subgraphs are hashed with networkx's
   Weisfeiler-Lehman graph hash (node labels: primitive and types; inputs from outside the
   layer: their types and whether they are the function's inputs): equal hashes share one
@@ -118,19 +121,20 @@ def _matmuls(op: OpInfo) -> int:
     return sum(_matmuls(inner) for body in op.bodies for inner in body.ops.values())
 
 
-def _one_off_layers(g: Graph, heavy: np.ndarray, cross: list[int], gaps) -> list[tuple[int, int]]:
+def _one_off_layers(g: Graph, matmuls: np.ndarray, cross: list[int], gaps) -> list[tuple[int, int]]:
     """Layers that do not repeat, in the equations between the stacks: the pieces of a gap
     between residual-stream cuts (where one value alone carries everything on, apart from
     values live across the whole gap: masks, position tables, a U-Net's skips) that hold at
-    least two matmuls or convs (`heavy`: per equation).  A ResNet stage's first bottleneck (a projection shortcut, so
-    unlike the rest: ResNet-50 gave 12 of its 16 blocks without this) is one; a lone matmul
-    (a head, a stem conv) is what people leave outside their per-layer checkpoints."""
+    least two matmuls or convs (`matmuls`: per equation).  A ResNet stage's first bottleneck
+    (a projection shortcut, so unlike the rest: ResNet-50 gave 12 of its 16 blocks without
+    this) is one; a lone matmul (a head, a stem conv) is what people leave outside their
+    per-layer checkpoints."""
     pos, last_use = positions_and_last_uses(g)
     lives = [(pos[info.producer], last_use[v]) for v, info in g.values.items()
              if info.producer is not None and last_use.get(v, -1) > pos[info.producer]]
     out = []
     for a, b in gaps:
-        if heavy[a:b].sum() < 2:
+        if matmuls[a:b].sum() < 2:
             continue
         count = np.zeros(b - a + 2, dtype=np.int64)  # values live across cut c (before op c), c in [a, b]
         for p, last in lives:
@@ -141,21 +145,21 @@ def _one_off_layers(g: Graph, heavy: np.ndarray, cross: list[int], gaps) -> list
                 count[lo - a] += 1
                 count[hi - a + 1] -= 1
         cuts = [a + int(c) for c in np.flatnonzero(np.cumsum(count)[:b - a + 1] <= 1)]
-        out += _heavy_pieces(heavy, cross, sorted(set(cuts) | {a, b}))
+        out += _heavy_pieces(matmuls, cross, sorted(set(cuts) | {a, b}))
     return out
 
 
-def _heavy_pieces(heavy: np.ndarray, cross: list[int], cuts: list[int]) -> list[tuple[int, int]]:
+def _heavy_pieces(matmuls: np.ndarray, cross: list[int], cuts: list[int]) -> list[tuple[int, int]]:
     """The pieces between consecutive cuts with at least two matmuls, each starting at the cut
     crossed by the fewest bytes (the earliest of equals) since the last matmul before it: where
     the repeated layers start too (`_find_runs`).  A ResNet stage's first block then opens with
-    the previous block's last activation, as the repeated blocks do (cut after it, both were
-    kept and per-block dots_saveable compiled above the hand-written plan's 2.99 GiB), and after
-    the stem's pooling, not before it (4x fewer bytes)."""
+    the previous block's last activation, as the repeated blocks do (left between the two, that
+    activation was an extra equation outside every region), and after the stem's pooling, not
+    before it (4x fewer bytes)."""
     out, opened = [], []  # cuts since the last piece with a matmul
     for x, y in zip(cuts, cuts[1:]):
         opened.append(x)
-        n = heavy[x:y].sum()
+        n = matmuls[x:y].sum()
         if n >= 2:
             out.append((min(opened, key=lambda c: (cross[c], c)), y))
         if n:
