@@ -7,7 +7,7 @@ the compile time.  Programs: the built-in examples (no remat, and `jax.checkpoin
 `nothing_saveable` around the whole loss), and the real-scale models of
 `benchmarks/realscale.py` with no remat and each JAX policy by hand.
 
-    .venv/bin/python benchmarks/compile_options.py      # ~6 min on 2 cores
+    .venv/bin/python benchmarks/compile_options.py      # ~4 min on 2 cores
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ scan body times its trip count): of its matmuls (`CompiledStats.matmul_flops`, w
 compares: the equations around them change with how a step was staged) and in all
 (`CompiledStats.jaxpr_flops`).
 
-    .venv/bin/python benchmarks/realscale.py                  # all models (~35 min on 2 cores)
+    .venv/bin/python benchmarks/realscale.py                  # all models (~21 min on 2 cores)
     .venv/bin/python benchmarks/realscale.py --models llama   # one model
 """
 
