@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoremat.graph._costs import MATMUL_PRIMITIVES
 from autoremat.graph._graph import Graph
 from autoremat.graph._layers import Layer
 from autoremat.solver._peak_model import stored_residuals
@@ -28,8 +29,6 @@ from autoremat.solver._region import recompute_closure
 from autoremat.solver._region_options import DEFAULT_CAPS, _region_problem, _solve_block_options
 
 __all__ = ["LayerOption", "ilp_options", "fit_peak_line"]
-
-MATMULS = ("dot_general", "conv_general_dilated")
 
 
 @dataclass(frozen=True)
@@ -82,7 +81,7 @@ def _solve(g: Graph, layer_ops, time_limit) -> tuple[int, list]:
     for label, saved in kinds:
         if label.startswith("ilp"):
             closure = recompute_closure(problem, saved)
-            flops = sum(float(g.ops[o].cost.flops) for o in closure if g.ops[o].primitive in MATMULS)
+            flops = sum(float(g.ops[o].cost.flops) for o in closure if g.ops[o].primitive in MATMUL_PRIMITIVES)
             out.append((label, frozenset(saved), flops))
     return layer_ops[0].index, out
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import networkx as nx
 import numpy as np
 
+from autoremat.graph._costs import MATMUL_PRIMITIVES
 from autoremat.graph._graph import Graph, OpInfo
 
 __all__ = ["Layer", "crossing_bytes", "find_layers", "layer_spans"]
@@ -64,17 +65,20 @@ def is_heavy(op: OpInfo) -> bool:
 
 def crossing_bytes(g: Graph) -> list[int]:
     """Bytes of intermediate values live across each cut position 0..n (cut p: before op p)."""
-    pos, last_use = positions_and_last_uses(g)
-    n = len(pos)
+    n = len(g.ops)
     diff = [0] * (n + 2)
-    for vid, info in g.values.items():
-        if info.producer is None or vid not in last_use:
-            continue
-        p = pos[info.producer]
-        if last_use[vid] > p:
-            diff[p + 1] += info.nbytes
-            diff[last_use[vid] + 1] -= info.nbytes
+    for p, last, nbytes in _lifetimes(g):
+        diff[p + 1] += nbytes
+        diff[last + 1] -= nbytes
     return [int(x) for x in np.cumsum(diff[:n + 1])]
+
+
+def _lifetimes(g: Graph) -> list[tuple[int, int, int]]:
+    """(producer's position, last reader's position, bytes) of each intermediate value read
+    after the equation that makes it."""
+    pos, last_use = positions_and_last_uses(g)
+    return [(pos[info.producer], last_use[v], info.nbytes) for v, info in g.values.items()
+            if info.producer is not None and last_use.get(v, -1) > pos[info.producer]]
 
 
 def positions_and_last_uses(g: Graph) -> tuple[dict[str, int], dict[str, int]]:
@@ -116,7 +120,7 @@ def _gaps(spans: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
 
 def _matmuls(op: OpInfo) -> int:
     """Matmuls and convolutions in an equation, nested bodies included."""
-    if op.primitive in ("dot_general", "conv_general_dilated"):
+    if op.primitive in MATMUL_PRIMITIVES:
         return 1
     return sum(_matmuls(inner) for body in op.bodies for inner in body.ops.values())
 
@@ -129,15 +133,13 @@ def _one_off_layers(g: Graph, matmuls: np.ndarray, cross: list[int], gaps) -> li
     (a projection shortcut, so unlike the rest: ResNet-50 gave 12 of its 16 blocks without
     this) is one; a lone matmul (a head, a stem conv) is what people leave outside their
     per-layer checkpoints."""
-    pos, last_use = positions_and_last_uses(g)
-    lives = [(pos[info.producer], last_use[v]) for v, info in g.values.items()
-             if info.producer is not None and last_use.get(v, -1) > pos[info.producer]]
+    lives = _lifetimes(g)
     out = []
     for a, b in gaps:
         if matmuls[a:b].sum() < 2:
             continue
         count = np.zeros(b - a + 2, dtype=np.int64)  # values live across cut c (before op c), c in [a, b]
-        for p, last in lives:
+        for p, last, _ in lives:
             if p < a and last >= b:
                 continue  # live across the whole gap
             lo, hi = max(p + 1, a), min(last, b)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 
+from autoremat.graph._costs import MATMUL_PRIMITIVES
 from autoremat.graph._graph import Graph, OpInfo
 from autoremat.solver._blocks import Block
 from autoremat.solver._peak_model import stored_residuals
@@ -80,7 +81,7 @@ def _solve_block_options(g, ops, produced, residuals, caps, method, time_limit):
     """
     from autoremat.solver import _region
 
-    dots = frozenset(v for op in ops if op.primitive in ("dot_general", "conv_general_dilated") for v in op.outputs)
+    dots = frozenset(v for op in ops if op.primitive in MATMUL_PRIMITIVES for v in op.outputs)
     no_batch = frozenset(v for op in ops if op.primitive == "dot_general" and not op.params.get("batch_dims")
                          for v in op.outputs)
     named = frozenset(v for op in ops if op.primitive == "name" for v in op.outputs)
