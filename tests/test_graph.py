@@ -494,6 +494,34 @@ def test_find_layers_finds_the_blocks_that_do_not_repeat():
     assert all(a.stop == b.start for a, b in zip(layers, layers[1:]))  # no activation left between
 
 
+
+def test_find_layers_cuts_where_the_users_modules_do():
+    """Where two cuts are crossed by equally few bytes (a block's residual add and the relu after
+    it), layers start and end where the name stack changes module, as flax linen's do: each
+    layer is one `named_scope`'s equations, the relu included (ResNet-50: per-block policies on
+    the earliest of the equal cuts compiled 24-54 MiB above the same policies on the modules,
+    benchmarks/results/resnet_cuts.md)."""
+    import jax
+    import jax.numpy as jnp
+
+    from autoremat.graph import build_graph
+    from autoremat.graph._layers import find_layers
+
+    def loss(ws, x):
+        h = jax.nn.relu(x @ ws[0][0] + 1.0)  # ends like a block: the repeat starts at its relu
+        for k, (w1, w2) in enumerate(ws):
+            with jax.named_scope(f"Block_{k}"):
+                h = jax.nn.relu(h + jnp.tanh(h @ w1) @ w2)
+        return jnp.mean(h)
+
+    ws = [(jnp.ones((16, 16)), jnp.ones((16, 16))) for _ in range(4)]
+    g = build_graph(loss, ws, jnp.ones((4, 16)))
+    scopes = [g.values[op.outputs[0]].scope.split("/")[0] for op in g.ops.values()]
+    layers = find_layers(g)
+    assert [set(scopes[la.start:la.stop]) for la in layers] == [{f"Block_{k}"} for k in range(4)]
+    assert [la.stop for la in layers] == [scopes.index(f"Block_{k}") for k in range(1, 4)] + [
+        len(scopes) - scopes[::-1].index("Block_3")]
+
 _TP_SCRIPT = textwrap.dedent("""
     import json
     import jax, jax.numpy as jnp

@@ -11,7 +11,9 @@ measurements (`runtime/_measure.py`) need to know where the layers are and which
   such period, so two layers are not taken for one); the search repeats on what is left, so a
   model with two stacks (encoder and decoder, a U-Net's stages of different widths) gets both.
 * **Where a layer starts.**  Within the period, at the cut crossed by the fewest bytes of
-  intermediate values: the residual stream between layers (`crossing_bytes`).
+  intermediate values: the residual stream between layers (`crossing_bytes`).  Where several
+  cuts are crossed by equally few (a block's residual add and the activation after it), at the
+  one where the user's modules change (JAX's name stack, `cut_levels`); then the earliest.
 * **Layers that do not repeat.**  Between the stacks, the pieces cut on the residual stream that
   hold two or more matmuls or convs (a ResNet stage's first block, with its projection
   shortcut); a lone matmul (stem, head) is left outside.
@@ -100,15 +102,16 @@ def find_layers(g: Graph, *, min_heavy: int = 1) -> tuple[Layer, ...]:
     tokens = _tokens(g, ops)
     heavy = np.array([is_heavy(op) for op in ops])
     cross = crossing_bytes(g)
+    order = [(c, lvl) for c, lvl in zip(cross, cut_levels(g))]  # which cut is the better start
     spans: list[tuple[int, int]] = []
-    _find_runs(g, ops, tokens, heavy, cross, 0, len(ops), spans, min_heavy)
+    _find_runs(g, ops, tokens, heavy, order, 0, len(ops), spans, min_heavy)
     for i, op in enumerate(ops):
         if op.primitive == "scan" and not any(a <= i < b for a, b in spans):
             spans.append((i, i + 1))
     spans.sort()
     if spans:
         matmuls = np.array([_matmuls(op) for op in ops])
-        spans = sorted(spans + _one_off_layers(g, matmuls, cross, _gaps(spans, len(ops))))
+        spans = sorted(spans + _one_off_layers(g, matmuls, order, _gaps(spans, len(ops))))
     return tuple(Layer(a, b, _layer_hash(g, ops, a, b)) for a, b in spans)
 
 
@@ -125,7 +128,7 @@ def _matmuls(op: OpInfo) -> int:
     return sum(_matmuls(inner) for body in op.bodies for inner in body.ops.values())
 
 
-def _one_off_layers(g: Graph, matmuls: np.ndarray, cross: list[int], gaps) -> list[tuple[int, int]]:
+def _one_off_layers(g: Graph, matmuls: np.ndarray, order: list, gaps) -> list[tuple[int, int]]:
     """Layers that do not repeat, in the equations between the stacks: the pieces of a gap
     between residual-stream cuts (where one value alone carries everything on, apart from
     values live across the whole gap: masks, position tables, a U-Net's skips) that hold at
@@ -147,26 +150,50 @@ def _one_off_layers(g: Graph, matmuls: np.ndarray, cross: list[int], gaps) -> li
                 count[lo - a] += 1
                 count[hi - a + 1] -= 1
         cuts = [a + int(c) for c in np.flatnonzero(np.cumsum(count)[:b - a + 1] <= 1)]
-        out += _heavy_pieces(matmuls, cross, sorted(set(cuts) | {a, b}))
+        out += _heavy_pieces(matmuls, order, sorted(set(cuts) | {a, b}))
     return out
 
 
-def _heavy_pieces(matmuls: np.ndarray, cross: list[int], cuts: list[int]) -> list[tuple[int, int]]:
-    """The pieces between consecutive cuts with at least two matmuls, each starting at the cut
-    crossed by the fewest bytes (the earliest of equals) since the last matmul before it: where
-    the repeated layers start too (`_find_runs`).  A ResNet stage's first block then opens with
-    the previous block's last activation, as the repeated blocks do (left between the two, that
-    activation was an extra equation outside every region), and after the stem's pooling, not
-    before it (4x fewer bytes)."""
-    out, opened = [], []  # cuts since the last piece with a matmul
+def _heavy_pieces(matmuls: np.ndarray, order: list, cuts: list[int]) -> list[tuple[int, int]]:
+    """The pieces between consecutive cuts with at least two matmuls, each reaching from the
+    best cut (`order`: fewest crossing bytes, then the user's module boundary, then the
+    earliest) since the last matmul before it to the best cut before the next matmul: where the
+    repeated layers start too (`_find_runs`).  A ResNet stage's first block then opens and closes
+    with the activation its module does (left between two regions, that activation was an extra
+    equation outside every region), and starts after the stem's pooling, not before it (4x fewer
+    bytes)."""
+    best = lambda cs: min(cs, key=lambda c: (order[c], c))
+    out, opened, start = [], [], None  # opened: cuts since the last piece with a matmul
     for x, y in zip(cuts, cuts[1:]):
         opened.append(x)
         n = matmuls[x:y].sum()
+        if n and start is not None:
+            out.append((start, best(opened)))
+            start = None
         if n >= 2:
-            out.append((min(opened, key=lambda c: (cross[c], c)), y))
+            start = best(opened)
         if n:
             opened = []
+    if start is not None:
+        out.append((start, best(opened + cuts[-1:])))
     return out
+
+
+def cut_levels(g: Graph) -> list[float]:
+    """Per cut position 0..n (before op p): how major a boundary of the user's modules it is,
+    read from JAX's name stack (flax linen's `ResNet/Bottleneck_3/Conv_0`): the depth at which
+    the scopes of the equations either side part (0 at the function's ends; lower is more
+    major), or infinity where both are in the same scope, as in code without named scopes."""
+    scopes = [_scope(g, op).split("/") for op in g.ops.values()]
+    levels = [0.0]
+    for left, right in zip(scopes, scopes[1:]):
+        common = next((k for k, (a, b) in enumerate(zip(left, right)) if a != b), min(len(left), len(right)))
+        levels.append(float("inf") if left == right else float(common))
+    return levels + [0.0]
+
+
+def _scope(g: Graph, op: OpInfo) -> str:
+    return g.values[op.outputs[0]].scope if op.outputs else ""
 
 
 def _tokens(g: Graph, ops: list[OpInfo]) -> np.ndarray:
@@ -202,13 +229,13 @@ def _longest_runs(tokens: np.ndarray, lo: int, hi: int):
             yield p, lo + int(starts[k]), copies
 
 
-def _find_runs(g, ops, tokens, heavy, cross, lo, hi, spans, min_heavy):
+def _find_runs(g, ops, tokens, heavy, order, lo, hi, spans, min_heavy):
     """The best tandem repeat in [lo, hi) as layer spans, then the same left and right of it."""
     best = None
     for p, s, copies in _longest_runs(tokens, lo, hi):
         if heavy[s:s + p].sum() < min_heavy:
             continue
-        phase = min(range(p), key=lambda k: (cross[s + k], k))
+        phase = min(range(p), key=lambda k: (order[s + k], k))
         n_layers = copies if phase == 0 else copies - 1
         if n_layers < 2:
             continue
@@ -220,8 +247,8 @@ def _find_runs(g, ops, tokens, heavy, cross, lo, hi, spans, min_heavy):
     _, p, first, n_layers = best
     first, n_layers = _extend(g, ops, first, p, n_layers, lo, hi)
     spans.extend((first + k * p, first + (k + 1) * p) for k in range(n_layers))
-    _find_runs(g, ops, tokens, heavy, cross, lo, first, spans, min_heavy)
-    _find_runs(g, ops, tokens, heavy, cross, first + n_layers * p, hi, spans, min_heavy)
+    _find_runs(g, ops, tokens, heavy, order, lo, first, spans, min_heavy)
+    _find_runs(g, ops, tokens, heavy, order, first + n_layers * p, hi, spans, min_heavy)
 
 
 def _extend(g, ops, first: int, p: int, n_layers: int, lo: int, hi: int) -> tuple[int, int]:
