@@ -33,7 +33,7 @@ from autoremat.graph._layers import Layer, layer_spans
 from autoremat.graph._trace import describe_eqn
 from autoremat.runtime._plan import Plan, Region, ScanPlan, ValueRecord
 
-__all__ = ["HAND_POLICIES", "HandPlan", "HandSearch", "layer_plan"]
+__all__ = ["HAND_POLICIES", "HandPlan", "HandSearch", "layer_plan", "uniform_plans"]
 
 # JAX's built-in policies a person applies per layer, leanest first.
 HAND_POLICIES = ("nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_saveable")
@@ -119,6 +119,16 @@ def _records(g: Graph, layers: Sequence[Layer], policies: Sequence) -> dict[str,
     return out
 
 
+def uniform_plans(g: Graph, layers: Sequence[Layer], meta: dict | None = None) -> list[tuple[str, str, Plan]]:
+    """(policy, label, plan) of each of `HAND_POLICIES` on every layer; where a layer is a scan,
+    twice: with JAX's default barriers on its body and with `prevent_cse=False`."""
+    n = len(layers)
+    scans = any(g.traced.jaxpr.eqns[la.start].primitive.name == "scan" for la in layers)
+    return [(pol, f"{pol} per layer" + ("" if cse else " (scan bodies with prevent_cse=False)"),
+             layer_plan(g, layers, [pol] * n, meta=meta, prevent_cse=cse))
+            for pol in HAND_POLICIES for cse in ((True, False) if scans else (True,))]
+
+
 class HandSearch:
     """The hand-written plans of one traced function.
 
@@ -134,24 +144,20 @@ class HandSearch:
         self.choice = {None: lambda k: None}  # option -> what layer k gets under it
         self.saved_bytes: dict[str, int] = {}  # option -> bytes it saves over the stack
 
-    def plan(self, policies: Sequence[str | None], label: str, prevent_cse: bool = True) -> HandPlan:
-        return self.compile(layer_plan(self.g, self.layers, policies, meta=self.meta,
-                                       prevent_cse=prevent_cse), label)
+    def plan(self, policies: Sequence[str | None], label: str) -> HandPlan:
+        return self.compile(layer_plan(self.g, self.layers, policies, meta=self.meta), label)
 
     def uniform(self) -> list[HandPlan]:
         """Each of `HAND_POLICIES` on every layer, compiled (scans: with and without barriers)."""
         n = len(self.layers)
-        scans = any(self.traced.jaxpr.eqns[la.start].primitive.name == "scan" for la in self.layers)
-        for pol in HAND_POLICIES:
-            for cse in (True, False) if scans else (True,):
-                label = f"{pol} per layer" + ("" if cse else " (scan bodies with prevent_cse=False)")
-                got = self.plan([pol] * n, label, prevent_cse=cse)
-                self.say(f"hand-written {label} ({n} layers): compiled {format_bytes(got.peak)}, "
-                         f"+{got.extra_flops / 1e9:.4g} GFLOP")
-                if pol not in self.points or got.peak < self.points[pol].peak:
-                    self.points[pol] = got
-                    self.choice[pol] = lambda k, pol=pol: pol
-                    self.saved_bytes[pol] = sum(r.nbytes for r in got.plan.values.values() if r.decision == "save")
+        for pol, label, plan in uniform_plans(self.g, self.layers, self.meta):
+            got = self.compile(plan, label)
+            self.say(f"hand-written {label} ({n} layers): compiled {format_bytes(got.peak)}, "
+                     f"+{got.extra_flops / 1e9:.4g} GFLOP")
+            if pol not in self.points or got.peak < self.points[pol].peak:
+                self.points[pol] = got
+                self.choice[pol] = lambda k, pol=pol: pol
+                self.saved_bytes[pol] = sum(r.nbytes for r in got.plan.values.values() if r.decision == "save")
         return [self.points[p] for p in HAND_POLICIES]
 
     def solver_sets(self, limit: int, options: Sequence) -> None:

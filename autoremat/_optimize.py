@@ -34,7 +34,7 @@ from autoremat.graph._profiles import detect_profile, get_profile
 from autoremat.graph._trace import check_reverse_mode, signature_key, split_static, trace
 from autoremat.runtime._apply import apply, run_plan
 from autoremat.runtime._plan import Plan
-from autoremat.runtime._validate import ValidationReport, compiled_stats, validate
+from autoremat.runtime._validate import ValidationReport, compiled_stats, compiled_stats_later, validate
 from autoremat._units import check_budget, format_bytes, parse_budget
 from autoremat.solver._chain import evaluate
 from autoremat.solver._chain_model import ChainModel, build_chain_model
@@ -43,8 +43,8 @@ from autoremat.solver._solve import METHODS
 __all__ = ["optimize", "Optimized", "plan_for"]
 
 AUTO_MARGIN = 0.9  # budget="auto": this fraction of the device's memory
-_BASELINES: dict = {}  # (fingerprint, argument types) -> the un-optimized step's CompiledStats
-_PREPARED: dict = {}  # (signature, profile, offload, baseline peak) -> `_prepared`'s graph, model, layers
+_BASELINES: dict = {}  # (fingerprint, argument types) -> Future of the un-optimized step's CompiledStats
+_PREPARED: dict = {}  # `_graph`'s (graph, layers) and `_chain`'s (chain model, block cache), per signature
 
 
 def _log(verbose: bool, msg: str):
@@ -70,16 +70,16 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
     check_reverse_mode(traced, getattr(fn, "__name__", "fn"))
     stats_kw = dict(argnums=traced.argnums, static_argnums=static_argnums, has_aux=has_aux)
     call = (abstract_args, abstract_kwargs, stats_kw)
-    baseline_peak = none_flops = None
-    if validate or isinstance(budget, float):
-        # A fraction is of the compiled un-optimized peak, also with validate=False.
-        baseline_peak, none_flops = _baseline(fn, traced, call, say)
+    # A fraction is of the compiled un-optimized peak, also with validate=False.
+    baseline = _baseline_later(fn, traced, call) if validate or isinstance(budget, float) else None
+    g, layers = _graph(traced, profile, say)  # while the un-optimized step compiles
+    baseline_peak, none_flops = _baseline(baseline, say) if baseline is not None else (None, None)
     if isinstance(budget, str) and budget.strip().lower() == "auto":
         budget_bytes = int(_device_memory(profile) * AUTO_MARGIN)
     else:
         budget_bytes = parse_budget(budget, reference_peak=baseline_peak)
     say(f"budget {format_bytes(budget_bytes)}")
-    g, model, block_cache, layers = _prepared(fn, traced, profile, offload, call, baseline_peak, say)
+    model, block_cache = _chain(fn, g, profile, offload, call, baseline_peak, say)
     meta = {"function": getattr(fn, "__name__", "fn"), "jax": jax.__version__, "backend": jax.default_backend(),
             "baseline_peak": baseline_peak, "blocks": len(model.blocks), "layers": layer_spans(layers)}
     search = PlanSearch(fn, g, model, abstract_args, abstract_kwargs, stats_kw, budget_bytes, meta, say,
@@ -93,31 +93,44 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
     return replace(search.run(), traced=traced)
 
 
-def _baseline(fn, traced, call, say) -> tuple[int, tuple]:
-    """The un-optimized step's compiled peak and (jaxpr FLOPs, of matmuls): one compile per
-    signature and process (5 s at 1B parameters)."""
+def _baseline_later(fn, traced, call):
+    """The un-optimized step's compile, started in the background: a Future of its
+    `CompiledStats`, one per signature and process (5 s at 1B parameters)."""
     args, kwargs, stats_kw = call
     key = traced.signature
     if key not in _BASELINES:
-        with working(say, "compiling the un-optimized step"):
-            _BASELINES[key] = compiled_stats(fn, *args, **stats_kw, **kwargs)
-    st = _BASELINES[key]
+        _BASELINES[key] = compiled_stats_later(fn, *args, **stats_kw, **kwargs)
+    return _BASELINES[key]
+
+
+def _baseline(later, say) -> tuple[int, tuple]:
+    """The un-optimized step's compiled peak and (jaxpr FLOPs, of matmuls)."""
+    with working(say, "compiling the un-optimized step"):
+        st = later.result()
     say(f"un-optimized compiled peak {format_bytes(st.peak_bytes)}")
     return st.peak_bytes, (st.jaxpr_flops, st.matmul_flops)
 
 
-def _prepared(fn, traced, profile, offload: bool, call, baseline_peak, say):
-    """(graph, chain model calibrated on the compiled step, block cache, layers) of a signature:
-    built once per process and reused at every later budget (at 1B parameters, 8 s of graph,
-    blocks and calibration per budget: benchmarks/realscale.py)."""
-    key = (traced.signature, repr(profile), offload, baseline_peak)
+def _graph(traced, profile, say):
+    """(graph, layers) of a signature on a device profile: built once per process."""
+    key = ("graph", traced.signature, repr(profile))
+    if key not in _PREPARED:
+        t0 = time.perf_counter()
+        g = graph_from_traced(traced, profile=profile)
+        say(f"traced {len(traced.jaxpr.eqns)} equations; graph built in {time.perf_counter() - t0:.1f}s "
+            f"(profile {profile.name})")
+        _PREPARED[key] = g, find_layers(g)
+    return _PREPARED[key]
+
+
+def _chain(fn, g, profile, offload: bool, call, baseline_peak, say):
+    """(chain model calibrated on the compiled step, block cache) of a signature: built once per
+    process and reused at every later budget (at 1B parameters, 8 s of blocks and calibration
+    per budget: benchmarks/realscale.py)."""
+    key = ("chain", g.traced.signature, repr(profile), offload, baseline_peak)
     if key in _PREPARED:
-        say("graph, chain and layers as planned before for this signature")
+        say("chain model as built before for this signature")
         return _PREPARED[key]
-    t0 = time.perf_counter()
-    g = graph_from_traced(traced, profile=profile)
-    say(f"traced {len(traced.jaxpr.eqns)} equations; graph built in {time.perf_counter() - t0:.1f}s "
-        f"(profile {profile.name})")
     t1 = time.perf_counter()
     block_cache: dict = {}  # shared by every chain model built for this signature
     model = build_chain_model(g, offload=offload, block_cache=block_cache)
@@ -125,7 +138,7 @@ def _prepared(fn, traced, profile, offload: bool, call, baseline_peak, say):
         f"({time.perf_counter() - t1:.1f}s)")
     if baseline_peak is not None:
         model = _calibrated(fn, g, model, call, baseline_peak, offload, block_cache, say)
-    _PREPARED[key] = g, model, block_cache, find_layers(g)
+    _PREPARED[key] = model, block_cache
     return _PREPARED[key]
 
 

@@ -31,14 +31,14 @@ import jax
 from autoremat._bridge import to_plan, with_recompute_costs
 from autoremat._errors import InfeasibleBudgetError
 from autoremat._progress import working
-from autoremat._hand import HandPlan, HandSearch
+from autoremat._hand import HandPlan, HandSearch, uniform_plans
 from autoremat._layer_options import ilp_options
 from autoremat._units import format_bytes
 from autoremat.graph._costs import OpCost
 from autoremat.graph._graph import Graph
 from autoremat.runtime._apply import apply
 from autoremat.runtime._plan import Plan
-from autoremat.runtime._validate import compiled_stats
+from autoremat.runtime._validate import compiled_stats, compiled_stats_later
 from autoremat.solver._chain import evaluate, lowest_peak_segments
 from autoremat.solver._chain_model import ChainModel, build_chain_model
 from autoremat.solver._solve import solve
@@ -76,6 +76,7 @@ POLICY_TOLERANCE = 0.10
 _COMPILED: dict = {}
 _BY_CONTENT: dict = {}  # (signature, `_plan_content`) -> (peak, extra jaxpr FLOPs, of matmuls)
 _LAYER_OPTIONS: dict = {}  # (fingerprint, argument types) -> `_layer_options.ilp_options`
+_AHEAD: dict = {}  # (traced signature, `_plan_content`) -> Future of its CompiledStats (`compile_ahead`)
 
 
 class _Compiled(NamedTuple):
@@ -161,14 +162,28 @@ class PlanSearch:
             if content not in _BY_CONTENT and self.is_unoptimized(plan):
                 _BY_CONTENT[content] = (self.baseline_peak, 0.0, 0.0)
             if content not in _BY_CONTENT:
+                ahead = _AHEAD.pop((self.g.traced.signature, content[1]), None)
                 with working(self.say, f"compiling {plan.meta.get('found_by') or 'a candidate plan'}"):
-                    st = compiled_stats(apply(self.fn, plan), *self.args, **self.stats_kw, **self.kwargs)
+                    st = (ahead.result() if ahead is not None else
+                          compiled_stats(apply(self.fn, plan), *self.args, **self.stats_kw, **self.kwargs))
                 _BY_CONTENT[content] = (st.peak_bytes, st.jaxpr_flops - self.none_flops[0],
                                         st.matmul_flops - self.none_flops[1])
             peak, measured, matmul = _BY_CONTENT[content]
             _COMPILED[(self.sig, key)] = _Compiled(peak, extra, flops, plan, measured, matmul)
         self.tried[key] = _COMPILED[(self.sig, key)].peak
         return _COMPILED[(self.sig, key)]
+
+    def compile_ahead(self, plans) -> None:
+        """Start compiling `plans` in the background; `compile_once` picks them up.  XLA compiles
+        release Python's lock, so the hand-written per-layer plans compile side by side: on
+        `benchmarks/realscale.py`'s Llama 1B (`plan_for(fn, budget, args, verbose=True)`, a
+        budget just under `dots_saveable`'s peak) the three took 31.8 s one after another and
+        25.9 s together on this 2-core CPU.  Not while the chain model is built: its region
+        solves have a wall-clock limit, and sharing the cores made that build 16.2 s, not 5.3."""
+        for plan in plans:
+            key = (self.g.traced.signature, _plan_content(plan))
+            if key not in _AHEAD and (self.sig, key[1]) not in _BY_CONTENT and not self.is_unoptimized(plan):
+                _AHEAD[key] = compiled_stats_later(apply(self.fn, plan), *self.args, **self.stats_kw, **self.kwargs)
 
     def is_unoptimized(self, plan: Plan) -> bool:
         """`plan` runs the function as traced, which is what the baseline compile measured (the
@@ -229,6 +244,7 @@ class PlanSearch:
         """Phase 1: JAX's policies per layer and the best two-policy mix, compiled."""
         if not self.layers:
             return
+        self.compile_ahead([plan for _, _, plan in uniform_plans(self.g, self.layers)])
         none = HandPlan("no remat", None, self.baseline_peak, 0.0)
         hand = HandSearch(self.g, self.layers, self.compile_hand, none, self.say, self.meta)
         hand.uniform()

@@ -254,6 +254,28 @@ def test_a_plan_is_compiled_once_whatever_it_is_called(monkeypatch):
     assert calls == []
 
 
+def test_the_hand_written_plans_compile_ahead_and_the_search_uses_them(monkeypatch):
+    """JAX's three policies per layer start compiling side by side before the search needs
+    them; each is then taken from its background compile, none compiled twice (a plan that
+    `compile_ahead` files under other content than the search looks for is compiled again)."""
+    from autoremat import _search
+    from autoremat.runtime import _validate
+
+    loss, ws, x = _mlp(n=5, width=48, hidden=160, batch=512)  # a signature no other test plans
+    started, inline = [], []
+    real_later, real_stats = _search.compiled_stats_later, _search.compiled_stats
+    monkeypatch.setattr(_search, "compiled_stats_later", lambda *a, **k: started.append(1) or real_later(*a, **k))
+    monkeypatch.setattr(_search, "compiled_stats", lambda *a, **k: inline.append(1) or real_stats(*a, **k))
+    planned = _optimize.plan_for(loss, 0.6, (ws, x))
+    assert len(started) == 3  # nothing_saveable, dots_with_no_batch_dims_saveable, dots_saveable
+    sig = planned.plan.fingerprint
+    assert not [k for k in _search._AHEAD if k[0][0] == sig]  # all three were taken up
+    hand = {row["label"] for row in planned.plan.meta["hand_candidates"]}
+    assert {f"{p} per layer" for p in ("nothing_saveable", "dots_with_no_batch_dims_saveable",
+                                        "dots_saveable")} <= hand
+    assert planned.plan.meta["compiled_peak"] <= int(0.6 * _validate.compiled_stats(loss, ws, x).peak_bytes)
+
+
 def test_a_later_budget_reuses_the_graph_and_runs_its_own_constants(monkeypatch):
     """The graph, chain model and layers of a signature are built once per process; a second
     function with the same structure but other closed-over constants reuses them and its plan

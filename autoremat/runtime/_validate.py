@@ -7,9 +7,11 @@ reports as peak is recorded beside it.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import jax
@@ -18,13 +20,14 @@ from autoremat._xla import cpu_flags_active
 from autoremat.graph._costs import jaxpr_cost, jaxpr_matmul_flops
 from autoremat.runtime._plan import Plan
 
-__all__ = ["CompiledStats", "ValidationReport", "compiled_stats", "validate"]
+__all__ = ["CompiledStats", "ValidationReport", "compiled_stats", "compiled_stats_later", "validate"]
 
 # Compiles that are not run are read for their memory alone, so on XLA:CPU LLVM need not
 # optimize the machine code: buffer assignment is done on HLO before it.  Measured by
 # benchmarks/compile_options.py (results/compile_options.md): the same compiled peak on every
 # program there, built-in examples and real-scale models alike, in less compile time.
 MEMORY_ONLY_CPU_OPTIONS = {"xla_backend_optimization_level": 0}
+_POOL: ThreadPoolExecutor | None = None  # compiles started ahead (`compiled_stats_later`)
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,17 @@ def compiled_stats(fn, *args, argnums=0, static_argnums=(), has_aux=False, n_ste
                          int(xla_peak) if xla_peak is not None else None, flops,
                          statistics.median(times) if times else None, tuple(times), backend, compile_time,
                          jaxpr_flops, matmul_flops)
+
+
+def compiled_stats_later(fn, *args, **kwargs) -> Future:
+    """`compiled_stats(fn, *args, **kwargs)` started on a background thread: a Future of its
+    `CompiledStats`.  XLA compiles without holding Python's lock, so programs known in advance
+    compile side by side, on as many threads as the machine has cores, while the caller goes
+    on (JAX's tracing is thread-safe)."""
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="autoremat-compile")
+    return _POOL.submit(compiled_stats, fn, *args, **kwargs)
 
 
 @dataclass(frozen=True)
