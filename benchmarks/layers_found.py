@@ -1,7 +1,8 @@
 """The layers `graph.find_layers` finds in every benchmark model (tracing only, about a minute).
 
 A change to layer finding changes which per-layer hand policies the planner compiles and which
-per-layer options it measures; this table says whether a change touched any benchmark model.
+per-layer options it measures; this table says whether a change touched any benchmark model
+(the first and last layers' top-level equations `[start, stop)` show where the cuts fall).
 
     .venv/bin/python benchmarks/layers_found.py   # -> benchmarks/results/layers_found.md
 """
@@ -35,14 +36,15 @@ def _models():
 
 def main() -> int:
     t0 = time.perf_counter()
-    rows = ["| model | top-level equations | layers found | equations per layer | distinct keys |",
-            "|---|---:|---:|---|---:|"]
+    rows = ["| model | top-level equations | layers found | equations per layer | distinct keys | "
+            "first and last layer |", "|---|---:|---:|---|---:|---|"]
     for label, fn, args in _models():
         g = graph_from_traced(trace(fn, args, skip_integer_leaves=False))
         layers = find_layers(g)
         widths = sorted({layer.stop - layer.start for layer in layers})
+        ends = ", ".join(f"{la.start}-{la.stop}" for la in (layers[:1] + layers[1:][-1:]))
         rows.append(f"| {label} | {len(g.ops)} | {len(layers)} | {', '.join(map(str, widths)) or '-'} | "
-                    f"{len({layer.key for layer in layers})} |")
+                    f"{len({layer.key for layer in layers})} | {ends or '-'} |")
         print(rows[-1], flush=True)
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "layers_found.md")
     with open(out, "w") as f:
