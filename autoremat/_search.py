@@ -3,8 +3,9 @@
 `PlanSearch.run` goes through these phases (each a short method):
 
 1. **hand-written plans** (`hand_plans`, `autoremat/_hand.py`): JAX's built-in policies on every
-   layer `graph.find_layers` found, and the best two-policy mix for the budget, compiled.  They
-   bound the answer: it never recomputes more than the best of them that fits.
+   layer `graph.find_layers` found (compiled side by side: `compile_ahead`), and the best
+   two-policy mix for the budget, compiled.  They bound the answer: it never recomputes more
+   than the best of them that fits.
 2. **offload probe** (`probe_offload`): off the CPU, whether offloading lowers the compiled peak
    at all on this backend; planning goes on without it if not.
 3. **solver rounds** (`solver_rounds`): the chain solver's plan for a target, compiled; the

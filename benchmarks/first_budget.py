@@ -1,0 +1,51 @@
+"""Planning time at a real-scale model's first budget, for comparing two versions of the planner.
+
+Planning times in `results/realscale.md` move with the machine's state (a shared 2-core CPU:
+the same planner took 43 s and 55.5 s at Llama's first budget on two days).  This plans one
+`realscale.py` model at per-layer `dots_saveable`'s compiled peak (the first budget there: the
+graph, chain model and hand-written plans are all built for it) with the autoremat found under
+`--root`, so two checkouts can be timed back to back:
+
+    git worktree add /tmp/old <commit>
+    .venv/bin/python benchmarks/first_budget.py --root /tmp/old   # the old planner
+    .venv/bin/python benchmarks/first_budget.py                   # this checkout's
+    git worktree remove /tmp/old
+
+Prints the planning time and what the plan was found by; writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--root", default=os.path.dirname(HERE), help="checkout whose autoremat plans")
+    ap.add_argument("--model", default="llama", help="a realscale.py model (default: llama)")
+    a = ap.parse_args(argv)
+    sys.path[:0] = [a.root, HERE]  # the checkout's autoremat; this checkout's benchmark models
+    import autoremat
+
+    autoremat.configure_cpu_flags()
+    import realscale
+    from autoremat._optimize import plan_for
+    from autoremat.runtime._validate import compiled_stats
+
+    fn, args, _, n = realscale.make_model(a.model)
+    hand_fn, hand_args, _, _ = realscale.make_model(a.model, ["dots_saveable"] * n)
+    budget = compiled_stats(hand_fn, *hand_args).peak_bytes
+    t0 = time.perf_counter()
+    planned = plan_for(fn, budget, args, progress=lambda m: None)
+    print(f"{a.model} at dots_saveable's {budget / 2**30:.2f} GiB with {autoremat.__file__}: planned in "
+          f"{time.perf_counter() - t0:.1f} s ({planned.plan.meta.get('found_by')})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
