@@ -454,23 +454,6 @@ def test_find_layers_finds_every_repeated_layer():
     assert find_layers(build_graph(conv.fn, *conv.args)) == ()
 
 
-def test_find_layers_finds_every_layer_of_a_chain_without_residuals():
-    """In a chain of dense + gelu layers the cut after a matmul and the one before the next are
-    crossed by the same bytes; the phase that makes the most layers wins, so every matmul is in
-    a layer (the earliest cut found 7 of `examples.mlp_chain`'s 8, the first matmul outside)."""
-    from autoremat.examples import get_example
-    from autoremat.graph import build_graph
-    from autoremat.graph._layers import find_layers
-
-    ex = get_example("mlp_chain", n_layers=5, width=32, batch=8)
-    g = build_graph(ex.fn, *ex.args)
-    ops = list(g.ops.values())
-    layers = find_layers(g)
-    assert len(layers) == 5
-    assert [sum(op.primitive == "dot_general" for op in ops[la.start:la.stop]) for la in layers] == [1] * 5
-    assert all(a.stop == b.start for a, b in zip(layers, layers[1:]))
-
-
 def test_find_layers_finds_the_blocks_that_do_not_repeat():
     """A ResNet's stages open with a block unlike the rest (a projection shortcut): found as a
     layer of its own between the stacks, cut on the residual stream; the stem's lone matmul and

@@ -241,30 +241,14 @@ def _find_runs(g, ops, tokens, heavy, order, lo, hi, spans, min_heavy):
             continue
         cover = n_layers * p
         if best is None or cover > best[0]:
-            best = (cover, p, s, copies)
+            best = (cover, p, s + phase, n_layers)
     if best is None:
         return
-    _, p, s, copies = best
-    first, n_layers = _best_phase(g, ops, order, s, p, copies, lo, hi)
+    _, p, first, n_layers = best
+    first, n_layers = _extend(g, ops, first, p, n_layers, lo, hi)
     spans.extend((first + k * p, first + (k + 1) * p) for k in range(n_layers))
     _find_runs(g, ops, tokens, heavy, order, lo, first, spans, min_heavy)
     _find_runs(g, ops, tokens, heavy, order, first + n_layers * p, hi, spans, min_heavy)
-
-
-def _best_phase(g, ops, order, s: int, p: int, copies: int, lo: int, hi: int) -> tuple[int, int]:
-    """(first layer's start, layers) of the run of period `p` from `s`: cut where `order` is
-    least (fewest crossing bytes, then the user's module boundary); of equal cuts, the one that
-    makes the most layers once extended (`_extend`), then the earliest.  In a chain of dense +
-    gelu layers without names the cut after a matmul and the one before the next are crossed
-    by the same bytes; the earliest left the first matmul and the last gelu outside
-    (`examples.mlp_chain`: 7 of its 8 layers)."""
-    least = min(order[s + k] for k in range(p))
-    found = []
-    for k in (k for k in range(p) if order[s + k] == least):
-        first, n = _extend(g, ops, s + k, p, copies if k == 0 else copies - 1, lo, hi)
-        found.append((-n, k, first, n))
-    _, _, first, n_layers = min(found)
-    return first, n_layers
 
 
 def _extend(g, ops, first: int, p: int, n_layers: int, lo: int, hi: int) -> tuple[int, int]:
@@ -272,8 +256,8 @@ def _extend(g, ops, first: int, p: int, n_layers: int, lo: int, hi: int) -> tupl
     and last layers read from and feed other equations than the middle ones, so their tokens
     differ (a 24-layer GPT gave 23 layers without this), but their structure does not.  The
     comparison ignores whether an outside value is an argument: the first layer of a stack that
-    reads the function's input directly (flax nnx and equinox MLP stacks: 3 of 4 layers found
-    without this; `examples.mlp_chain` with `_best_phase`) is still a layer, with a key of its own."""
+    reads the function's input directly (flax nnx and equinox MLP stacks, `examples.mlp_chain`:
+    3 of 4 and 7 of 8 layers found without this) is still a layer, with a key of its own."""
     key = _layer_hash(g, ops, first, first + p, kinds=False)
     while first + (n_layers + 1) * p <= hi and _layer_hash(g, ops, first + n_layers * p,
                                                            first + (n_layers + 1) * p, kinds=False) == key:
