@@ -147,10 +147,11 @@ class HandSearch:
     def plan(self, policies: Sequence[str | None], label: str) -> HandPlan:
         return self.compile(layer_plan(self.g, self.layers, policies, meta=self.meta), label)
 
-    def uniform(self) -> list[HandPlan]:
-        """Each of `HAND_POLICIES` on every layer, compiled (scans: with and without barriers)."""
+    def uniform(self, plans: Sequence[tuple[str, str, Plan]] | None = None) -> list[HandPlan]:
+        """Each of `HAND_POLICIES` on every layer, compiled (scans: with and without barriers);
+        `plans`: `uniform_plans`' answer where the caller has it already."""
         n = len(self.layers)
-        for pol, label, plan in uniform_plans(self.g, self.layers, self.meta):
+        for pol, label, plan in plans if plans is not None else uniform_plans(self.g, self.layers, self.meta):
             got = self.compile(plan, label)
             self.say(f"hand-written {label} ({n} layers): compiled {format_bytes(got.peak)}, "
                      f"+{got.extra_flops / 1e9:.4g} GFLOP")

@@ -245,10 +245,11 @@ class PlanSearch:
         """Phase 1: JAX's policies per layer and the best two-policy mix, compiled."""
         if not self.layers:
             return
-        self.compile_ahead([plan for _, _, plan in uniform_plans(self.g, self.layers)])
+        plans = uniform_plans(self.g, self.layers, self.meta)
+        self.compile_ahead([plan for _, _, plan in plans])
         none = HandPlan("no remat", None, self.baseline_peak, 0.0)
         hand = HandSearch(self.g, self.layers, self.compile_hand, none, self.say, self.meta)
-        hand.uniform()
+        hand.uniform(plans)
         key = self.g.traced.signature
         if key not in _LAYER_OPTIONS:  # CP-SAT per distinct layer and cap: once per signature
             _LAYER_OPTIONS[key] = ilp_options(self.g, self.layers)
