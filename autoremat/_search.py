@@ -403,10 +403,10 @@ class PlanSearch:
                   + [c for c in reach if c.peak > UNIFORM_NEAR * self.budget])[:self.max_candidates]
         chosen += [c for c in cands if c not in chosen and (
             c.kind.endswith("recompute") or c.kind.startswith("scan:save:name:") or c.is_policy)]
-        chosen.sort(key=lambda c: c.extra)
+        chosen = sorted((c for c in chosen if self.can_win(c.segs, quiet=True)), key=lambda c: c.extra)
         self.say(f"the model and XLA disagree; trying {len(chosen)} compile-verified uniform plans (blocks merged "
                  f"{variant})")
-        return [c for c in chosen if self.can_win(c.segs, quiet=True)]
+        return chosen
 
     # -- answers ---------------------------------------------------------------------------
     def accept(self, segments, result, how) -> Planned:
