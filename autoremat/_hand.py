@@ -10,12 +10,14 @@ compiled plan that recomputes the fewest FLOPs.
   layer becomes a region, a top-level scan gets the policy on its body with JAX's default
   optimization barriers, exactly as written by hand.
 * `HandSearch.uniform`: JAX's built-in policies, each on every layer; where a layer is a scan,
-  also with `prevent_cse=False` on its body (what JAX's docs and MaxText write inside a scan).
+  also with `prevent_cse=False` on its body (what JAX's docs and MaxText write inside a scan);
+  fastest first, up to the first that fits (the leaner ones cannot recompute less).
 * `HandSearch.solver_sets`: the region solver's saved set per layer (`_layer_options`) where a
   line through the policies' compiled peaks predicts it fits and recomputes less.
 * `HandSearch.mix`: for a budget between two of them, the last `k` layers under the faster
-  policy and the rest under the leaner one; `k` from the line through the two compiled peaks,
-  then corrected by compiling (the peak grows with `k`, one layer's stored bytes at a time).
+  policy and the rest under the leaner one; `k` from the faster one's compiled peak less a
+  layer's extra saved bytes per leaner layer, then corrected by compiling (the peak grows with
+  `k`, one layer's stored bytes at a time).
 
 FLOPs are the matmul FLOPs of the step's jaxpr (`CompiledStats.matmul_flops`: recomputation
 included, scan bodies times their trip count), relative to the un-optimized step.
@@ -23,6 +25,7 @@ included, scan bodies times their trip count), relative to the un-optimized step
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -147,19 +150,26 @@ class HandSearch:
     def plan(self, policies: Sequence[str | None], label: str) -> HandPlan:
         return self.compile(layer_plan(self.g, self.layers, policies, meta=self.meta), label)
 
-    def uniform(self, plans: Sequence[tuple[str, str, Plan]] | None = None) -> list[HandPlan]:
-        """Each of `HAND_POLICIES` on every layer, compiled (scans: with and without barriers);
-        `plans`: `uniform_plans`' answer where the caller has it already."""
+    def uniform(self, plans: Sequence[tuple[str, str, Plan]], limit: int) -> None:
+        """`uniform_plans`' plans compiled, fastest policy first (scans: with and without
+        barriers), up to the first policy that fits `limit`: the leaner ones save a subset of
+        what it saves, so they recompute at least as much, and at 1B each costs a whole-step
+        compile (benchmarks/realscale.py, Llama at dots_saveable's peak: 5.5 s for it alone;
+        the three leanest-first, two at a time on this 2-core CPU, took 19.3 s)."""
         n = len(self.layers)
-        for pol, label, plan in plans if plans is not None else uniform_plans(self.g, self.layers, self.meta):
-            got = self.compile(plan, label)
-            self.say(f"hand-written {label} ({n} layers): compiled {format_bytes(got.peak)}, "
-                     f"+{got.extra_flops / 1e9:.4g} GFLOP")
-            if pol not in self.points or got.peak < self.points[pol].peak:
-                self.points[pol] = got
-                self.choice[pol] = lambda k, pol=pol: pol
-                self.saved_bytes[pol] = sum(r.nbytes for r in got.plan.values.values() if r.decision == "save")
-        return [self.points[p] for p in HAND_POLICIES]
+        for tier in reversed(HAND_POLICIES):
+            for pol, label, plan in (p for p in plans if p[0] == tier):
+                got = self.compile(plan, label)
+                self.say(f"hand-written {label} ({n} layers): compiled {format_bytes(got.peak)}, "
+                         f"+{got.extra_flops / 1e9:.4g} GFLOP")
+                if pol not in self.points or got.peak < self.points[pol].peak:
+                    self.points[pol] = got
+                    self.choice[pol] = lambda k, pol=pol: pol
+                    self.saved_bytes[pol] = sum(r.nbytes for r in got.plan.values.values() if r.decision == "save")
+            if tier in self.points and self.points[tier].peak <= limit and tier != HAND_POLICIES[0]:
+                self.say(f"{tier} per layer fits: the leaner policies save less, so recompute no less; "
+                         f"not compiled")
+                return
 
     def solver_sets(self, limit: int, options: Sequence) -> None:
         """The region solver's saved sets per layer (`_layer_options.ilp_options`) predicted,
@@ -184,6 +194,7 @@ class HandSearch:
                      f"{format_bytes(got.peak)}, +{got.extra_flops / 1e9:.4g} GFLOP")
             self.points[o.label] = got
             self.choice[o.label] = lambda k, o=o: o.saved[k]
+            self.saved_bytes[o.label] = o.saved_bytes
 
     def mix(self, limit: int) -> HandPlan | None:
         """The two-policy mix predicted to recompute least within `limit`, corrected by compiling;
@@ -195,7 +206,7 @@ class HandSearch:
             for fast, b in self.points.items():
                 if not (a.peak <= limit < b.peak and b.extra_flops < a.extra_flops):
                     continue
-                k = min(n - 1, int((limit - a.peak) / (b.peak - a.peak) * n))
+                k = self._first_count(lean, fast, limit)
                 if k >= 1:
                     pred = a.extra_flops + k / n * (b.extra_flops - a.extra_flops)
                     if best is None or pred < best[0]:
@@ -204,6 +215,22 @@ class HandSearch:
             return None  # no mix is predicted to beat the best uniform plan that fits
         _, lean, fast, k = best
         return self._settle(lean, fast, k, limit)
+
+    def _first_count(self, lean, fast, limit: int) -> int:
+        """How many of the last layers may take `fast` within `limit`, before compiling any mix.
+        The chain formula (`solver/_chain.py`): the step peaks while the first `fast` layer runs
+        backward, over what every layer before it stores, so the mix's peak is `fast`'s peak
+        less, per `lean` layer, what a `fast` layer stores beyond a `lean` one (its saved bytes
+        per layer), down to `lean`'s own peak.  Measured on the 1B decoders
+        (benchmarks/realscale.py): 0.30 GiB per layer between the mixes of Llama's 10.72 GiB
+        budget, where 18 layers' saved bytes give 0.33; the line through the two uniform peaks
+        instead gave 0.22 and its first count, 5 of the 9 that fit, took four compiles to mend.
+        Without saved bytes for both options (no remat), that line."""
+        n, a, b = len(self.layers), self.points[lean], self.points[fast]
+        step = (self.saved_bytes.get(fast, 0) - self.saved_bytes.get(lean, 0)) / n
+        if lean not in self.saved_bytes or fast not in self.saved_bytes or step <= 0:
+            return min(n - 1, int((limit - a.peak) / (b.peak - a.peak) * n))
+        return min(n - 1, max(0, n - math.ceil((b.peak - limit) / step)))
 
     def _settle(self, lean, fast, k: int, limit: int) -> HandPlan | None:
         """The largest count of `fast` layers that compiles within `limit`, from the line's `k`:

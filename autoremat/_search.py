@@ -3,19 +3,21 @@
 `PlanSearch.run` goes through these phases (each a short method):
 
 1. **hand-written plans** (`hand_plans`, `autoremat/_hand.py`): JAX's built-in policies on every
-   layer `graph.find_layers` found (compiled side by side: `compile_ahead`), and the best
+   layer `graph.find_layers` found (fastest first, up to the first that fits), and the best
    two-policy mix for the budget, compiled.  They bound the answer: it never recomputes more
    than the best of them that fits.
 2. **offload probe** (`probe_offload`): off the CPU, whether offloading lowers the compiled peak
    at all on this backend; planning goes on without it if not.
 3. **solver rounds** (`solver_rounds`): the chain solver's plan for a target, compiled; the
    target moves with what XLA said (down after an overshoot, up into unused memory).  A plan
-   the model says recomputes at least what the best compiled plan does is not compiled.
+   the model says recomputes at least what the best compiled plan does, less MIN_GAIN of the
+   step's FLOPs, is not compiled.
 4. **policy checks** (`policy_checks`): JAX's policies per block in the model's terms, and
    faster uniform plans the model may have over-predicted, compiled where they could win.
 5. **fallback** (`fallback`): when no solver plan fits: compile-verified uniform plans (the user's
-   tags saved alone, JAX's policies per block, ...) that could recompute less; the chain rebuilt
-   two other ways only while nothing compiled fits.
+   tags saved alone, JAX's policies per block, ...) that could recompute less (while a compiled
+   plan fits: likeliest to fit first, up to the first over budget); the chain rebuilt two other
+   ways only while nothing compiled fits.
 6. **choose** (`finish`): of every plan compiled in this process for this signature that fits,
    the one that recomputes the fewest FLOPs (counted on the compiled step's jaxpr); so a looser
    budget never recomputes more (every plan compiled for a tighter one is a candidate).
@@ -39,7 +41,7 @@ from autoremat.graph._costs import OpCost
 from autoremat.graph._graph import Graph
 from autoremat.runtime._apply import apply
 from autoremat.runtime._plan import Plan
-from autoremat.runtime._validate import compiled_stats, compiled_stats_later
+from autoremat.runtime._validate import compiled_stats
 from autoremat.solver._chain import evaluate, lowest_peak_segments
 from autoremat.solver._chain_model import ChainModel, build_chain_model
 from autoremat.solver._solve import solve
@@ -68,6 +70,14 @@ UNIFORM_NEAR = 1.1
 # slower, and compiles within the budget.
 POLICY_KINDS = ("ckpt:recompute", "ckpt:save:dots", "ckpt:save:dots_no_batch")
 POLICY_TOLERANCE = 0.10
+# A plan is compiled only if it may recompute at least this fraction of the un-optimized step's
+# FLOPs less than the best fitting plan compiled so far.  Measured step times on this machine
+# vary by a few percent from run to run (docs/FINDINGS.md), so a smaller saving cannot be told
+# apart in time, while finding out costs a whole-step compile: on the 1B decoders
+# (benchmarks/realscale.py) at dots_saveable's peak, two compiles (11-14 s) for plans that
+# would have saved 12-24 GFLOP of elementwise work in a ~60 TFLOP step (0.04%); the solver's
+# wins there saved 0.34-0.9 TFLOP (about 1% of the step).
+MIN_GAIN = 0.001
 # Plans already compiled in this process: (function signature, plan key) -> _Compiled.  Every
 # plan that fits is a candidate at every later budget of the same signature, and the answer is
 # the fitting one that recomputes the fewest FLOPs (counted on the step's jaxpr), so a looser
@@ -77,7 +87,6 @@ POLICY_TOLERANCE = 0.10
 _COMPILED: dict = {}
 _BY_CONTENT: dict = {}  # (signature, `_plan_content`) -> (peak, extra jaxpr FLOPs, of matmuls)
 _LAYER_OPTIONS: dict = {}  # (fingerprint, argument types) -> `_layer_options.ilp_options`
-_AHEAD: dict = {}  # (traced signature, `_plan_content`) -> Future of its CompiledStats (`compile_ahead`)
 
 
 class _Compiled(NamedTuple):
@@ -163,28 +172,14 @@ class PlanSearch:
             if content not in _BY_CONTENT and self.is_unoptimized(plan):
                 _BY_CONTENT[content] = (self.baseline_peak, 0.0, 0.0)
             if content not in _BY_CONTENT:
-                ahead = _AHEAD.pop((self.g.traced.signature, content[1]), None)
                 with working(self.say, f"compiling {plan.meta.get('found_by') or 'a candidate plan'}"):
-                    st = (ahead.result() if ahead is not None else
-                          compiled_stats(apply(self.fn, plan), *self.args, **self.stats_kw, **self.kwargs))
+                    st = compiled_stats(apply(self.fn, plan), *self.args, **self.stats_kw, **self.kwargs)
                 _BY_CONTENT[content] = (st.peak_bytes, st.jaxpr_flops - self.none_flops[0],
                                         st.matmul_flops - self.none_flops[1])
             peak, measured, matmul = _BY_CONTENT[content]
             _COMPILED[(self.sig, key)] = _Compiled(peak, extra, flops, plan, measured, matmul)
         self.tried[key] = _COMPILED[(self.sig, key)].peak
         return _COMPILED[(self.sig, key)]
-
-    def compile_ahead(self, plans) -> None:
-        """Start compiling `plans` in the background; `compile_once` picks them up.  XLA compiles
-        release Python's lock, so the hand-written per-layer plans compile side by side: on
-        `benchmarks/realscale.py`'s Llama 1B (`plan_for(fn, budget, args, verbose=True)`, a
-        budget just under `dots_saveable`'s peak) the three took 31.8 s one after another and
-        25.9 s together on this 2-core CPU.  Not while the chain model is built: its region
-        solves have a wall-clock limit, and sharing the cores made that build 16.2 s, not 5.3."""
-        for plan in plans:
-            key = (self.g.traced.signature, _plan_content(plan))
-            if key not in _AHEAD and (self.sig, key[1]) not in _BY_CONTENT and not self.is_unoptimized(plan):
-                _AHEAD[key] = compiled_stats_later(apply(self.fn, plan), *self.args, **self.stats_kw, **self.kwargs)
 
     def is_unoptimized(self, plan: Plan) -> bool:
         """`plan` runs the function as traced, which is what the baseline compile measured (the
@@ -222,14 +217,17 @@ class PlanSearch:
         """Whether a plan may recompute fewer FLOPs than the best fitting plan compiled so far
         (the model's recomputed FLOPs against the compiled one's, counted by the same cost
         rules; on the small transformer 0.800 vs 0.797 GFLOP for one plan); a plan that cannot
-        is not compiled: at 1B parameters each compile takes 5-7 s."""
+        is not compiled: at 1B parameters each compile takes 5-7 s.  Nor is one that could win by
+        less than MIN_GAIN of the step's FLOPs."""
         known = _best_compiled(self.sig, self.limit)
-        if known is None or _recompute_flops(segments) < known.measured * self.share:
+        floor = MIN_GAIN * self.none_flops[0]  # global FLOPs, as compiled steps count them
+        if known is None or _recompute_flops(segments) < (known.measured - floor) * self.share:
             return True
         if not quiet:
             flops = _recompute_flops(segments) / self.share
             self.say(f"  (a plan recomputing {flops / 1e9:.4g} GFLOP cannot beat the compiled "
-                     f"{known.plan.meta.get('found_by', 'plan')}, +{known.measured / 1e9:.4g} GFLOP: not compiled)")
+                     f"{known.plan.meta.get('found_by', 'plan')}, +{known.measured / 1e9:.4g} GFLOP, by "
+                     f"{MIN_GAIN:.1%} of the step's {self.none_flops[0] / 1e12:.3g} TFLOP: not compiled)")
         return False
 
     def _rebuilt(self, merge: str) -> ChainModel:
@@ -245,11 +243,9 @@ class PlanSearch:
         """Phase 1: JAX's policies per layer and the best two-policy mix, compiled."""
         if not self.layers:
             return
-        plans = uniform_plans(self.g, self.layers, self.meta)
-        self.compile_ahead([plan for _, _, plan in plans])
         none = HandPlan("no remat", None, self.baseline_peak, 0.0)
         hand = HandSearch(self.g, self.layers, self.compile_hand, none, self.say, self.meta)
-        hand.uniform(plans)
+        hand.uniform(uniform_plans(self.g, self.layers, self.meta), self.limit)
         key = self.g.traced.signature
         if key not in _LAYER_OPTIONS:  # CP-SAT per distinct layer and cap: once per signature
             _LAYER_OPTIONS[key] = ilp_options(self.g, self.layers)
@@ -372,14 +368,9 @@ class PlanSearch:
                 except InfeasibleBudgetError:
                     pass
             if variant != "none":
-                chosen = self._fallback_pool(variant)
-                for k, c in enumerate(chosen):
-                    self.say(f"  trying {k + 1}/{len(chosen)}: {c.label} (predicted {format_bytes(c.peak)})")
-                    peak = self.compile_peak(c.segs, f"{c.label}, blocks merged {variant}")
-                    if peak <= self.limit:
-                        self.say(f"{c.label}: compiled {format_bytes(peak)} fits")
-                        return self.accept(c.segs, None, f"{c.label}, blocks merged {variant}")
-                    self.say(f"  compiled {format_bytes(peak)}: over budget")
+                found = self._try_pool(variant)
+                if found is not None:
+                    return found
             low = lowest_peak_segments(self.model.problem)
             how = f"lowest predicted peak, blocks merged {variant}"
             if self.can_win(low) and self.compile_peak(low, how) <= self.limit:
@@ -388,6 +379,28 @@ class PlanSearch:
         if known is not None:  # compiled for another budget of this signature, and fits this one
             return self.finish(known)
         raise self._infeasible()
+
+    def _try_pool(self, variant: str) -> Planned | None:
+        """The fallback's uniform plans compiled in turn; the first that fits is accepted.  While
+        a compiled plan fits already (a hand-written one), they go lowest predicted peak first
+        and the search stops at the first over budget: the rest are predicted higher, and at 1B
+        each compile takes 6-7 s (benchmarks/realscale.py: on the Llama and GPT decoders none of
+        the 2-8 tried per budget fitted where a hand-written plan did)."""
+        settled = _best_compiled(self.sig, self.limit) is not None
+        chosen = self._fallback_pool(variant)
+        if settled:
+            chosen.sort(key=lambda c: c.peak)
+        for k, c in enumerate(chosen):
+            self.say(f"  trying {k + 1}/{len(chosen)}: {c.label} (predicted {format_bytes(c.peak)})")
+            peak = self.compile_peak(c.segs, f"{c.label}, blocks merged {variant}")
+            if peak <= self.limit:
+                self.say(f"{c.label}: compiled {format_bytes(peak)} fits")
+                return self.accept(c.segs, None, f"{c.label}, blocks merged {variant}")
+            self.say(f"  compiled {format_bytes(peak)}: over budget" + (
+                "; the rest are predicted higher: stopping" if settled and k + 1 < len(chosen) else ""))
+            if settled:
+                return None
+        return None
 
     def _fallback_pool(self, variant: str) -> list:
         """Fastest first, among those predicted within UNIFORM_REACH of the budget (the rest

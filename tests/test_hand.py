@@ -67,14 +67,15 @@ def test_a_policy_plan_exports_as_plain_checkpoint_calls():
 
 
 def test_the_summary_says_what_the_plan_beat():
-    """`plan.summary()` lists the hand-written plans compiled beside the chosen one (issue 17)."""
+    """`plan.summary()` lists the hand-written plans compiled beside the chosen one (issue 17);
+    here dots_saveable per layer fits, so the leaner policies are not compiled."""
     from autoremat._optimize import plan_for
 
     ex = examples.get_example("mlp_chain")
     none = compiled_stats(ex.fn, *ex.args).peak_bytes
     text = plan_for(ex.fn, int(0.8 * none), ex.args).plan.summary()
     assert "found by:" in text and "hand-written plans compiled for comparison" in text
-    assert "nothing_saveable per layer:" in text and "dots_saveable per layer:" in text
+    assert "dots_saveable per layer:" in text and "nothing_saveable per layer:" not in text
 
 
 def test_the_solver_sets_per_layer_are_plans_with_the_original_gradients():
@@ -131,3 +132,25 @@ def test_recompute_flops_per_layer_match_the_compiled_step(policy):
     none = compiled_stats(ex.fn, *ex.args).jaxpr_flops
     extra = compiled_stats(apply(ex.fn, plan), *ex.args).jaxpr_flops - none
     assert sum(per_eqn.values()) == pytest.approx(extra, rel=0.02)
+
+
+def test_a_mix_starts_from_the_faster_peak_less_what_each_leaner_layer_stores_less():
+    """The first layer count of a mix (before any mix is compiled): the faster option's peak
+    less, per leaner layer, its extra saved bytes per layer (the chain formula).  The numbers
+    are the 18-layer 1B decoder's (benchmarks/realscale.py): nothing_saveable 9.47 GiB,
+    dots_with_no_batch_dims_saveable 13.39 GiB saving 0.33 GiB per layer, where 9 layers of
+    the latter fit 10.72 GiB; the line through the two peaks said 5.  Without saved bytes for
+    an option (no remat), that line."""
+    from types import SimpleNamespace
+
+    from autoremat.graph._layers import Layer
+
+    gib = 2**30
+    layers = [Layer(i, i + 1, "k") for i in range(18)]
+    hand = _hand.HandSearch(SimpleNamespace(traced=None), layers, None, None, lambda m: None)
+    hand.points = {"lean": SimpleNamespace(peak=int(9.47 * gib)), "fast": SimpleNamespace(peak=int(13.39 * gib)),
+                   None: SimpleNamespace(peak=int(20 * gib))}
+    hand.saved_bytes = {"lean": 0, "fast": int(18 * 0.33 * gib)}
+    assert hand._first_count("lean", "fast", int(10.72 * gib)) == 9
+    assert hand._first_count("lean", "fast", int(13.0 * gib)) == 16
+    assert hand._first_count("lean", None, int(10.72 * gib)) == int((10.72 - 9.47) / (20 - 9.47) * 18)

@@ -254,26 +254,20 @@ def test_a_plan_is_compiled_once_whatever_it_is_called(monkeypatch):
     assert calls == []
 
 
-def test_the_hand_written_plans_compile_ahead_and_the_search_uses_them(monkeypatch):
-    """JAX's three policies per layer start compiling side by side before the search needs
-    them; each is then taken from its background compile, none compiled twice (a plan that
-    `compile_ahead` files under other content than the search looks for is compiled again)."""
-    from autoremat import _search
-    from autoremat.runtime import _validate
-
-    loss, ws, x = _mlp(n=5, width=48, hidden=160, batch=512)  # a signature no other test plans
-    started, inline = [], []
-    real_later, real_stats = _search.compiled_stats_later, _search.compiled_stats
-    monkeypatch.setattr(_search, "compiled_stats_later", lambda *a, **k: started.append(1) or real_later(*a, **k))
-    monkeypatch.setattr(_search, "compiled_stats", lambda *a, **k: inline.append(1) or real_stats(*a, **k))
-    planned = _optimize.plan_for(loss, 0.6, (ws, x))
-    assert len(started) == 3  # nothing_saveable, dots_with_no_batch_dims_saveable, dots_saveable
-    sig = planned.plan.fingerprint
-    assert not [k for k in _search._AHEAD if k[0][0] == sig]  # all three were taken up
-    hand = {row["label"] for row in planned.plan.meta["hand_candidates"]}
+def test_the_hand_written_policies_compile_fastest_first_up_to_the_first_that_fits():
+    """Where dots_saveable per layer fits, the leaner policies (which save a subset, so recompute
+    no less) are not compiled; where only nothing_saveable does, all three are."""
+    ex = examples.get_example("mlp_chain")
+    none = compiled_stats(ex.fn, *ex.args).peak_bytes
+    loose = _optimize.plan_for(ex.fn, int(0.8 * none), ex.args).plan
+    assert [row["label"] for row in loose.meta["hand_candidates"]] == ["dots_saveable per layer"]
+    loss, ws, x = _mlp(n=5, width=48, hidden=160, batch=512)  # dots_saveable per layer: above no remat
+    base = compiled_stats(loss, ws, x).peak_bytes
+    tight = _optimize.plan_for(loss, int(0.8 * base), (ws, x)).plan
+    hand = {row["label"] for row in tight.meta["hand_candidates"]}
     assert {f"{p} per layer" for p in ("nothing_saveable", "dots_with_no_batch_dims_saveable",
                                         "dots_saveable")} <= hand
-    assert planned.plan.meta["compiled_peak"] <= int(0.6 * _validate.compiled_stats(loss, ws, x).peak_bytes)
+    assert tight.meta["compiled_peak"] <= int(0.8 * base)
 
 
 def test_a_later_budget_reuses_the_graph_and_runs_its_own_constants(monkeypatch):
@@ -303,3 +297,60 @@ def test_a_later_budget_reuses_the_graph_and_runs_its_own_constants(monkeypatch)
     assert float(value) == pytest.approx(float(f2(ws)), rel=1e-6)
     assert float(f1(ws)) != pytest.approx(float(f2(ws)), rel=1e-2)  # the constants matter
 
+
+
+def _search_on_mlp_chain(budget, none_flops):
+    from autoremat import _search
+
+    ex = examples.get_example("mlp_chain", n_layers=4, width=64, batch=64)
+    planned = _optimize.plan_for(ex.fn, 0.8, ex.args)
+    return _search.PlanSearch(ex.fn, planned.model.graph, planned.model, tuple(ex.args), {}, {}, budget,
+                              {"function": "loss"}, lambda m: None, baseline_peak=planned.baseline_peak,
+                              none_flops=none_flops)
+
+
+def _segments(flops):
+    from autoremat.solver._chain import Option, Segment
+
+    return (Segment(0, 1, Option("x", 1, 1, 0.0, recompute_flops=flops)),)
+
+
+def test_a_plan_that_could_win_by_a_trifle_is_not_compiled(monkeypatch):
+    """A candidate is compiled only if it may recompute MIN_GAIN of the step's FLOPs less than
+    the best fitting compiled plan (at 1B two compiles went to plans that could have saved
+    0.04% of the step)."""
+    from types import SimpleNamespace
+
+    from autoremat import _search
+
+    search = _search_on_mlp_chain(10**9, (1e9, 0.0))
+    monkeypatch.setattr(_search, "_best_compiled", lambda sig, limit: SimpleNamespace(
+        measured=5e6, plan=SimpleNamespace(meta={"found_by": "a policy"})))
+    floor = _search.MIN_GAIN * 1e9
+    assert search.can_win(_segments(5e6 - 2 * floor))
+    assert not search.can_win(_segments(5e6 - floor / 2))
+    monkeypatch.setattr(_search, "_best_compiled", lambda sig, limit: None)
+    assert search.can_win(_segments(5e6))  # nothing fits yet: anything may win
+
+
+def test_while_a_plan_fits_the_fallback_tries_the_likeliest_and_stops_at_the_first_over(monkeypatch):
+    """The fallback's uniform plans, once a compiled plan fits: lowest predicted peak first, and
+    none after the first that compiles over budget (at 1B each is a 6-7 s compile and none fitted
+    where a hand-written plan did).  While nothing fits, every one is tried, fastest first."""
+    from types import SimpleNamespace
+
+    from autoremat import _search
+
+    search = _search_on_mlp_chain(1000, (1e9, 0.0))
+    pool = [_search._Candidate(extra=e, kind=k, size=1, segs=_segments(0.0), peak=p, flops=0.0)
+            for e, k, p in ((1.0, "fast", 1200), (2.0, "lean", 900), (3.0, "middle", 1000))]
+    monkeypatch.setattr(search, "_fallback_pool", lambda variant: list(pool))
+    tried = []
+    monkeypatch.setattr(search, "compile_peak", lambda segs, how, result=None: tried.append(how) or 2000)
+    monkeypatch.setattr(_search, "_best_compiled", lambda sig, limit: SimpleNamespace(measured=1.0))
+    assert search._try_pool("next") is None
+    assert tried == ["uniform lean x1, blocks merged next"]
+    tried.clear()
+    monkeypatch.setattr(_search, "_best_compiled", lambda sig, limit: None)
+    assert search._try_pool("next") is None
+    assert [t.split()[1] for t in tried] == ["fast", "lean", "middle"]
