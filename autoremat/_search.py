@@ -382,23 +382,28 @@ class PlanSearch:
 
     def _try_pool(self, variant: str) -> Planned | None:
         """The fallback's uniform plans compiled in turn; the first that fits is accepted.  While
-        a compiled plan fits already (a hand-written one), they go lowest predicted peak first
-        and the search stops at the first over budget: the rest are predicted higher, and at 1B
-        each compile takes 6-7 s (benchmarks/realscale.py: on the Llama and GPT decoders none of
-        the 2-8 tried per budget fitted where a hand-written plan did)."""
+        a compiled plan fits already (a hand-written one), the ones that save the user's
+        `checkpoint_name` tags (MaxText-style presets: hand-written plans in the user's own
+        vocabulary) are all tried first, then the model's own plans lowest predicted peak first,
+        up to the first over budget: the rest are predicted higher, and at 1B each compile takes
+        6-7 s (benchmarks/realscale.py: on the Llama and GPT decoders none of the 2-8 tried per
+        budget fitted where a hand-written plan did).  (The tags' plans are not ordered by the
+        model: on the small scan transformer they won at three budgets, predicted above plans
+        that compiled over.)"""
         settled = _best_compiled(self.sig, self.limit) is not None
         chosen = self._fallback_pool(variant)
         if settled:
-            chosen.sort(key=lambda c: c.peak)
+            chosen.sort(key=lambda c: (not c.is_tags, c.peak))
         for k, c in enumerate(chosen):
             self.say(f"  trying {k + 1}/{len(chosen)}: {c.label} (predicted {format_bytes(c.peak)})")
             peak = self.compile_peak(c.segs, f"{c.label}, blocks merged {variant}")
             if peak <= self.limit:
                 self.say(f"{c.label}: compiled {format_bytes(peak)} fits")
                 return self.accept(c.segs, None, f"{c.label}, blocks merged {variant}")
+            stop = settled and not c.is_tags
             self.say(f"  compiled {format_bytes(peak)}: over budget" + (
-                "; the rest are predicted higher: stopping" if settled and k + 1 < len(chosen) else ""))
-            if settled:
+                "; the rest are predicted higher: stopping" if stop and k + 1 < len(chosen) else ""))
+            if stop:
                 return None
         return None
 
@@ -561,6 +566,11 @@ class _Candidate(NamedTuple):
     def is_policy(self) -> bool:
         """One of JAX's built-in policies per block, per layer or on the scan bodies."""
         return self.kind in POLICY_KINDS and (self.size <= 1 or bool(self.offset))
+
+    @property
+    def is_tags(self) -> bool:
+        """Saves the user's `checkpoint_name` tags, alone or beside the matmul outputs."""
+        return "save:name" in self.kind or "save:dots_no_batch+" in self.kind
 
     @property
     def label(self) -> str:

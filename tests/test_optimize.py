@@ -334,23 +334,27 @@ def test_a_plan_that_could_win_by_a_trifle_is_not_compiled(monkeypatch):
 
 
 def test_while_a_plan_fits_the_fallback_tries_the_likeliest_and_stops_at_the_first_over(monkeypatch):
-    """The fallback's uniform plans, once a compiled plan fits: lowest predicted peak first, and
-    none after the first that compiles over budget (at 1B each is a 6-7 s compile and none fitted
-    where a hand-written plan did).  While nothing fits, every one is tried, fastest first."""
+    """The fallback's uniform plans, once a compiled plan fits: those saving the user's tags all,
+    then the model's own lowest predicted peak first, none after the first that compiles over
+    budget (at 1B each is a 6-7 s compile and none fitted where a hand-written plan did).  While
+    nothing fits, every one is tried, fastest first."""
     from types import SimpleNamespace
 
     from autoremat import _search
 
     search = _search_on_mlp_chain(1000, (1e9, 0.0))
     pool = [_search._Candidate(extra=e, kind=k, size=1, segs=_segments(0.0), peak=p, flops=0.0)
-            for e, k, p in ((1.0, "fast", 1200), (2.0, "lean", 900), (3.0, "middle", 1000))]
+            for e, k, p in ((1.0, "fast", 1200), (2.0, "lean", 900), (3.0, "middle", 1000),
+                            (4.0, "scan:save:name:a", 1300), (5.0, "scan:save:name:b", 1100))]
     monkeypatch.setattr(search, "_fallback_pool", lambda variant: list(pool))
     tried = []
     monkeypatch.setattr(search, "compile_peak", lambda segs, how, result=None: tried.append(how) or 2000)
     monkeypatch.setattr(_search, "_best_compiled", lambda sig, limit: SimpleNamespace(measured=1.0))
     assert search._try_pool("next") is None
-    assert tried == ["uniform lean x1, blocks merged next"]
+    # The user's tags (MaxText-style presets) all, lowest predicted first; then the model's own
+    # plans up to the first over budget.
+    assert [t.split()[1] for t in tried] == ["scan:save:name:b", "scan:save:name:a", "lean"]
     tried.clear()
     monkeypatch.setattr(_search, "_best_compiled", lambda sig, limit: None)
     assert search._try_pool("next") is None
-    assert [t.split()[1] for t in tried] == ["fast", "lean", "middle"]
+    assert [t.split()[1] for t in tried] == ["fast", "lean", "middle", "scan:save:name:a", "scan:save:name:b"]
