@@ -384,16 +384,16 @@ class PlanSearch:
         """The fallback's uniform plans compiled in turn; the first that fits is accepted.  While
         a compiled plan fits already (a hand-written one), the ones that save the user's
         `checkpoint_name` tags (MaxText-style presets: hand-written plans in the user's own
-        vocabulary) are all tried first, then the model's own plans lowest predicted peak first,
-        up to the first over budget: the rest are predicted higher, and at 1B each compile takes
-        6-7 s (benchmarks/realscale.py: on the Llama and GPT decoders none of the 2-8 tried per
-        budget fitted where a hand-written plan did).  (The tags' plans are not ordered by the
-        model: on the small scan transformer they won at three budgets, predicted above plans
-        that compiled over.)"""
+        vocabulary) are tried first, fastest first (the first that fits is taken), then the
+        model's own plans lowest predicted peak first, up to the first over budget: the rest
+        are predicted higher, and at 1B each compile takes 6-7 s (benchmarks/realscale.py: on
+        the Llama and GPT decoders none of the 2-8 tried per budget fitted where a hand-written
+        plan did).  (The tags' plans are not ordered by the model: on the small scan transformer
+        they won at three budgets, predicted above plans that compiled over.)"""
         settled = _best_compiled(self.sig, self.limit) is not None
         chosen = self._fallback_pool(variant)
         if settled:
-            chosen.sort(key=lambda c: (not c.is_tags, c.peak))
+            chosen.sort(key=lambda c: (False, c.extra) if c.is_tags else (True, c.peak))
         for k, c in enumerate(chosen):
             self.say(f"  trying {k + 1}/{len(chosen)}: {c.label} (predicted {format_bytes(c.peak)})")
             peak = self.compile_peak(c.segs, f"{c.label}, blocks merged {variant}")

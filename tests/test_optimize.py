@@ -351,9 +351,9 @@ def test_while_a_plan_fits_the_fallback_tries_the_likeliest_and_stops_at_the_fir
     monkeypatch.setattr(search, "compile_peak", lambda segs, how, result=None: tried.append(how) or 2000)
     monkeypatch.setattr(_search, "_best_compiled", lambda sig, limit: SimpleNamespace(measured=1.0))
     assert search._try_pool("next") is None
-    # The user's tags (MaxText-style presets) all, lowest predicted first; then the model's own
-    # plans up to the first over budget.
-    assert [t.split()[1] for t in tried] == ["scan:save:name:b", "scan:save:name:a", "lean"]
+    # The user's tags (MaxText-style presets) all, fastest first; then the model's own plans,
+    # lowest predicted peak first, up to the first over budget.
+    assert [t.split()[1] for t in tried] == ["scan:save:name:a", "scan:save:name:b", "lean"]
     tried.clear()
     monkeypatch.setattr(_search, "_best_compiled", lambda sig, limit: None)
     assert search._try_pool("next") is None
