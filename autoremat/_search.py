@@ -16,8 +16,8 @@
    faster uniform plans the model may have over-predicted, compiled where they could win.
 5. **fallback** (`fallback`): when no solver plan fits: compile-verified uniform plans (the user's
    tags saved alone, JAX's policies per block, ...) that could recompute less (while a compiled
-   plan fits: likeliest to fit first, up to the first over budget); the chain rebuilt two other
-   ways only while nothing compiled fits.
+   plan fits: the user's tags first, then the model's own likeliest to fit first, up to the
+   first over budget); the chain rebuilt two other ways only while nothing compiled fits.
 6. **choose** (`finish`): of every plan compiled in this process for this signature that fits,
    the one that recomputes the fewest FLOPs (counted on the compiled step's jaxpr); so a looser
    budget never recomputes more (every plan compiled for a tighter one is a candidate).
