@@ -1,0 +1,54 @@
+"""A timed log of planning one real-scale model at each of its hand-written peaks, in one process.
+
+`benchmarks/realscale.py` gives one planning time per budget; this shows where it goes.  Each
+of the model's per-layer policies (and, unrolled, the half-and-half mix) is compiled for its
+peak, then `plan_for` plans at those peaks, loosest first, in one process (as realscale.py
+does: later budgets reuse the graph, the chain model and the plans compiled before), and every
+progress line is printed with the seconds since that budget's planning began:
+
+    .venv/bin/python benchmarks/budget_log.py --model gpt
+    .venv/bin/python benchmarks/budget_log.py --root /tmp/old   # another checkout's planner
+
+Writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--root", default=os.path.dirname(HERE), help="checkout whose autoremat plans")
+    ap.add_argument("--model", default="llama", help="a realscale.py model (default: llama)")
+    a = ap.parse_args(argv)
+    sys.path[:0] = [a.root, HERE]  # the checkout's autoremat; this checkout's benchmark models
+    import autoremat
+
+    autoremat.configure_cpu_flags()
+    import realscale
+    from autoremat._optimize import plan_for
+    from autoremat.runtime._validate import compiled_stats
+
+    budgets = []
+    for label, pols, cse in realscale.hand_variants(a.model)[1:]:
+        if cse:  # a scan's prevent_cse=False variants compile to the same peaks (realscale.md)
+            fn, args, _, _ = realscale.make_model(a.model, pols, cse)
+            budgets.append((compiled_stats(fn, *args).peak_bytes, label))
+    fn, args, _, _ = realscale.make_model(a.model)
+    for budget, label in sorted(budgets, reverse=True):
+        t0 = time.perf_counter()
+        print(f"=== {a.model} at {label}'s {budget / 2**30:.2f} GiB", flush=True)
+        planned = plan_for(fn, budget, args,
+                           progress=lambda m: print(f"{time.perf_counter() - t0:6.1f} {m}", flush=True))
+        print(f"=== planned in {time.perf_counter() - t0:.1f} s ({planned.plan.meta.get('found_by')})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
