@@ -76,6 +76,7 @@ def test_the_summary_says_what_the_plan_beat():
     text = plan_for(ex.fn, int(0.8 * none), ex.args).plan.summary()
     assert "found by:" in text and "hand-written plans compiled for comparison" in text
     assert "dots_saveable per layer:" in text and "nothing_saveable per layer:" not in text
+    assert "leaner than one that fits are not compiled" in text
 
 
 def test_the_solver_sets_per_layer_are_plans_with_the_original_gradients():

@@ -103,4 +103,7 @@ def _why(plan) -> list[str]:
             fits = "" if budget is None else ("  fits" if c["compiled_peak"] <= budget else "  over budget")
             lines.append(f"  {c['label']}: {format_bytes(c['compiled_peak'])}, +{c['extra_flops'] / 1e9:.4g} / "
                          f"+{c.get('extra_matmul_flops', 0.0) / 1e9:.4g}{fits}")
+        if budget is not None and any(c["compiled_peak"] <= budget for c in cands):
+            lines.append("  (policies leaner than one that fits are not compiled: they save less, so "
+                         "recompute no less)")
     return lines
