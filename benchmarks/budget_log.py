@@ -14,23 +14,14 @@ Writes nothing.
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from _common import checkout_args
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--root", default=os.path.dirname(HERE), help="checkout whose autoremat plans")
-    ap.add_argument("--model", default="llama", help="a realscale.py model (default: llama)")
-    a = ap.parse_args(argv)
-    sys.path[:0] = [a.root, HERE]  # the checkout's autoremat; this checkout's benchmark models
-    import autoremat
-
-    autoremat.configure_cpu_flags()
+    a = checkout_args(__doc__.split("\n")[0], argv)
     import realscale
     from autoremat._optimize import plan_for
     from autoremat.runtime._validate import compiled_stats
