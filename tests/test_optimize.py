@@ -333,6 +333,40 @@ def test_a_plan_that_could_win_by_a_trifle_is_not_compiled(monkeypatch):
     assert search.can_win(_segments(5e6))  # nothing fits yet: anything may win
 
 
+def test_the_model_is_corrected_by_how_far_it_under_predicted_the_hand_written_plans_twins(monkeypatch):
+    """The hand-written per-layer policies' compiled peaks against the model's predictions of
+    their twins (`PlanSearch.twins`) give the under-prediction near the budget (interpolated
+    between them, never below 1): the solver aims that much below the budget, and the
+    fallback does not compile the model's plans that, so corrected, are predicted over
+    UNIFORM_REACH x the budget (the user's tags' plans are all tried)."""
+    from types import SimpleNamespace
+
+    from autoremat import _search
+
+    search = _search_on_mlp_chain(1000, (1e9, 0.0))
+    search.twins = [(800, 1.5), (1200, 1.1)]
+    assert search.under_prediction() == pytest.approx(1.3, abs=1e-3)
+    assert search.first_target() == int(1000 / search.under_prediction())
+    search.twins = [(500, 0.9)]  # over-predicted: the target stays at the budget
+    assert search.under_prediction() == 1.0 and search.first_target() == 1000
+    search.twins = []
+    assert search.first_target() == 1000
+
+    pool = [_search._Candidate(extra=e, kind=k, size=1, segs=_segments(0.0), peak=p, flops=0.0)
+            for e, k, p in ((1.0, "high", 900), (2.0, "scan:save:name:a", 1200), (3.0, "low", 600))]
+    monkeypatch.setattr(search, "_fallback_pool", lambda variant: list(pool))
+    tried = []
+    monkeypatch.setattr(search, "compile_peak", lambda segs, how, result=None: tried.append(how) or 2000)
+    monkeypatch.setattr(_search, "_best_compiled", lambda sig, limit: SimpleNamespace(measured=1.0))
+    search.twins = [(1000, 1.5)]  # 900 x 1.5 is over 1.3 x 1000; 600 x 1.5 is not
+    assert search._try_pool("next") is None
+    assert [t.split()[1] for t in tried] == ["scan:save:name:a", "low"]
+    tried.clear()
+    search.twins = [(1000, 2.5)]
+    assert search._try_pool("next") is None
+    assert [t.split()[1] for t in tried] == ["scan:save:name:a"]
+
+
 def test_while_a_plan_fits_the_fallback_tries_the_likeliest_and_stops_at_the_first_over(monkeypatch):
     """The fallback's uniform plans, once a compiled plan fits: those saving the user's tags all,
     then the model's own lowest predicted peak first, none after the first that compiles over
