@@ -19,11 +19,6 @@ if TYPE_CHECKING:  # _plan imports this module (Plan.to_python), not the other w
     from autoremat.runtime._plan import Plan
 
 
-def _walk(regions):
-    for r in regions:
-        yield r
-        yield from _walk(r.children)
-
 __all__ = ["plan_to_python", "export_names", "FRAMEWORKS"]
 
 
@@ -47,7 +42,7 @@ def export_names(plan: Plan) -> tuple[dict[str, str], bool]:
 
 def _chosen(plan: Plan) -> list[str]:
     ids = []
-    for r in _walk(plan.regions):
+    for r in plan.all_regions():
         ids += sorted(r.saved | r.offloaded)
     for s in plan.scans:
         ids += sorted(s.saved | s.offloaded)
@@ -62,7 +57,7 @@ def plan_to_python(plan: Plan, framework: str = "jax") -> str:
         return _policies_to_python(plan, layers, framework)
     names, all_user = export_names(plan)
     offloaded = set()
-    for r in _walk(plan.regions):
+    for r in plan.all_regions():
         offloaded |= r.offloaded
     for s in plan.scans:
         offloaded |= s.offloaded

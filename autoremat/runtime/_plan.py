@@ -190,10 +190,14 @@ class Plan:
         rec = self.values.get(value_id)
         return rec.decision if rec else None
 
+    def all_regions(self):
+        """Every region, nested ones after their parent."""
+        return _walk(self.regions)
+
     def names(self) -> tuple[list[str], list[str]]:
         """(saved names, offloaded names) over all regions and scan bodies."""
         saved, off = set(), set()
-        for r in _walk(self.regions):
+        for r in self.all_regions():
             saved |= set(checkpoint_names(self.values, r.saved).values())
             off |= set(checkpoint_names(self.values, r.offloaded).values())
         for s in self.scans:
