@@ -1,0 +1,120 @@
+"""How far the chain model's peak is from XLA:CPU's, in float32 and in bfloat16.
+
+XLA:CPU has no bfloat16 matmul: it converts a bf16 dot's operands to f32, multiplies in f32
+and converts back, and the compiled step keeps some of those f32 copies alive.  So a bf16 step
+on this CPU holds more than half of its f32 twin, which a model counting each value at its
+JAX dtype cannot see.  This script measures the gap:
+
+1. an 8-layer tanh MLP (width 1024, batch 4096), in f32 and in bf16: the compiled step
+   (value_and_grad; peak = argument + output + temp - alias), the `convert` instructions in
+   its optimized HLO, and the chain model's (uncalibrated) peak for no remat and for
+   all-recompute per block;
+2. the 1B decoders of `benchmarks/realscale.py` (`--models`, default llama gpt), as written
+   (bf16) and with every bf16 array made f32: the un-optimized step's compiled peak against
+   the chain model's, and `nothing_saveable` per layer (written by hand) against the model's
+   twin of it (the same policy per repeated unit of blocks).
+
+    .venv/bin/python benchmarks/cpu_bf16.py > benchmarks/results/cpu_bf16.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import autoremat
+
+autoremat.configure_cpu_flags()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+import realscale  # noqa: E402
+from _common import provenance  # noqa: E402
+from autoremat._bridge import to_plan  # noqa: E402
+from autoremat._optimize import _all_none  # noqa: E402
+from autoremat.graph import graph_from_traced, trace  # noqa: E402
+from autoremat.graph._profiles import detect_profile  # noqa: E402
+from autoremat.runtime import apply  # noqa: E402
+from autoremat.runtime._validate import compiled_stats  # noqa: E402
+from autoremat.solver._chain import evaluate  # noqa: E402
+from autoremat.solver._chain_model import build_chain_model  # noqa: E402
+
+MiB, GiB = 2**20, 2**30
+
+
+def _model(fn, args):
+    t = trace(fn, args, {}, argnums=0, static_argnums=(), has_aux=False, skip_integer_leaves=False)
+    return build_chain_model(graph_from_traced(t, profile=detect_profile()), offload=False)
+
+
+def mlp(dtype):
+    def loss(ws, x):
+        for w in ws:
+            x = jnp.tanh(x @ w)
+        return jnp.sum(x.astype(jnp.float32))
+
+    return loss, ([jax.ShapeDtypeStruct((1024, 1024), dtype)] * 8, jax.ShapeDtypeStruct((4096, 1024), dtype))
+
+
+def mlp_rows() -> list[str]:
+    rows = []
+    for dtype in (jnp.float32, jnp.bfloat16):
+        fn, args = mlp(dtype)
+        compiled = jax.jit(jax.value_and_grad(fn)).lower(*args).compile()
+        converts = compiled.as_text().count(" convert(")
+        m = _model(fn, args)
+        rec = m.uniform("ckpt:recompute", 1)
+        none_c = compiled_stats(fn, *args).peak_bytes
+        rec_c = compiled_stats(apply(fn, to_plan(m, rec)), *args).peak_bytes
+        none_p, rec_p = evaluate(m.raw_problem, _all_none(m))[0], evaluate(m.raw_problem, rec)[0]
+        rows.append(f"| {jnp.dtype(dtype).name} | {converts} | {none_c / MiB:.1f} | {none_p / MiB:.1f} "
+                    f"| {rec_c / MiB:.1f} | {rec_p / MiB:.1f} |")
+    return rows
+
+
+def decoder_rows(name: str) -> list[str]:
+    rows = []
+    for dtype in (jnp.bfloat16, jnp.float32):
+        realscale.bf = dtype  # the decoders' parameters and casts read this module global
+        t0 = time.perf_counter()
+        fn, args, _, n = realscale.make_model(name)
+        hand, _, _, _ = realscale.make_model(name, ["nothing_saveable"] * n)
+        m = _model(fn, args)
+        offset, size = m.period()
+        twin = m.uniform("ckpt:recompute", size, offset=offset)
+        none_c, hand_c = compiled_stats(fn, *args).peak_bytes, compiled_stats(hand, *args).peak_bytes
+        none_p, twin_p = evaluate(m.raw_problem, _all_none(m))[0], evaluate(m.raw_problem, twin)[0]
+        rows.append(f"| {name} | {jnp.dtype(dtype).name} | {none_c / GiB:.2f} | {none_p / GiB:.2f} "
+                    f"| {none_c / none_p:.2f} | {hand_c / GiB:.2f} | {twin_p / GiB:.2f} | {hand_c / twin_p:.2f} "
+                    f"| {time.perf_counter() - t0:.0f} |")
+        print(rows[-1], file=sys.stderr, flush=True)
+    realscale.bf = jnp.bfloat16
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", nargs="*", default=["llama", "gpt"])
+    a = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    lines = ["## 8-layer tanh MLP, width 1024, batch 4096\n",
+             "| dtype | converts in the HLO | no remat, compiled MiB | model MiB "
+             "| recompute per block, compiled MiB | model MiB |", "|---|---:|---:|---:|---:|---:|", *mlp_rows(),
+             "\n## The 1B decoders of benchmarks/realscale.py\n",
+             "| model | dtype | no remat, compiled GiB | model GiB | compiled / model "
+             "| nothing_saveable per layer, compiled GiB | model's twin GiB | compiled / model | s |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name in a.models:
+        lines += decoder_rows(name)
+    command = "python benchmarks/cpu_bf16.py" + (" --models " + " ".join(a.models) if argv else "")
+    print("# The chain model against XLA:CPU, float32 and bfloat16\n")
+    print(provenance(command, (time.perf_counter() - t0) / 60) + " Peaks: compiled argument + output + temp - "
+          "alias of `jax.value_and_grad`, abstract arguments; model: the chain model's peak, uncalibrated.\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
