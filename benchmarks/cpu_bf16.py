@@ -12,7 +12,10 @@ JAX dtype cannot see.  This script measures the gap:
 2. the 1B decoders of `benchmarks/realscale.py` (`--models`, default llama gpt), as written
    (bf16) and with every bf16 array made f32: the un-optimized step's compiled peak against
    the chain model's, and `nothing_saveable` per layer (written by hand) against the model's
-   twin of it (the same policy per repeated unit of blocks).
+   twin of it (the same policy per repeated unit of blocks);
+3. what-ifs on the first of those decoders, in bf16: the model with the bf16 operands of every
+   matmul counted at f32 size (activations alone, or weights too), against the compiled
+   per-layer policies (no change to autoremat: a probe of whether that alone would mend it).
 
     .venv/bin/python benchmarks/cpu_bf16.py > benchmarks/results/cpu_bf16.md
 """
@@ -20,6 +23,7 @@ JAX dtype cannot see.  This script measures the gap:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 
@@ -42,6 +46,7 @@ from autoremat.solver._chain import evaluate  # noqa: E402
 from autoremat.solver._chain_model import build_chain_model  # noqa: E402
 
 MiB, GiB = 2**20, 2**30
+TWINS = ("ckpt:recompute", "ckpt:save:dots_no_batch", "ckpt:save:dots")  # of realscale.POLICIES
 
 
 def _model(fn, args):
@@ -94,6 +99,37 @@ def decoder_rows(name: str) -> list[str]:
     return rows
 
 
+def _upcast(g, weights: bool) -> None:
+    """Counts the bf16 operands of `g`'s matmuls (nested graphs too) at f32 size, in place."""
+    ids = set()
+    for op in g.ops.values():
+        if op.primitive == "dot_general":
+            ids |= {v for v in op.inputs if weights or g.values[v].kind != "input"}
+        for body in getattr(op, "bodies", None) or ():
+            _upcast(body, weights)
+    for v in ids:
+        if g.values[v].dtype == "bfloat16":
+            g.values[v] = dataclasses.replace(g.values[v], nbytes=2 * g.values[v].nbytes)
+
+
+def upcast_rows(name: str) -> list[str]:
+    fn, args, _, n = realscale.make_model(name)
+    compiled = [compiled_stats(realscale.make_model(name, [pol] * n)[0], *args).peak_bytes / GiB
+                for pol in realscale.POLICIES]
+    rows = [f"| {name}, compiled per layer | " + " | ".join(f"{c:.2f}" for c in compiled) + " |"]
+    t = trace(fn, args, {}, argnums=0, static_argnums=(), has_aux=False, skip_integer_leaves=False)
+    for label, weights in (("as is", None), ("activations at f32", False), ("activations and weights at f32", True)):
+        g = graph_from_traced(t, profile=detect_profile())
+        if weights is not None:
+            _upcast(g, weights)
+        m = build_chain_model(g, offload=False)
+        offset, size = m.period()
+        twins = [evaluate(m.raw_problem, m.uniform(k, size, offset=offset))[0] / GiB for k in TWINS]
+        rows.append(f"| model's twins, {label} | " + " | ".join(
+            f"{p:.2f} ({p / c - 1:+.0%})" for p, c in zip(twins, compiled)) + " |")
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", nargs="*", default=["llama", "gpt"])
@@ -108,6 +144,8 @@ def main(argv=None) -> int:
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name in a.models:
         lines += decoder_rows(name)
+    lines += [f"\n## What if the model counted matmul operands at f32 ({a.models[0]}, bf16; GiB, vs compiled)\n",
+              "| | " + " | ".join(realscale.POLICIES) + " |", "|---|---:|---:|---:|", *upcast_rows(a.models[0])]
     command = "python benchmarks/cpu_bf16.py" + (" --models " + " ".join(a.models) if argv else "")
     print("# The chain model against XLA:CPU, float32 and bfloat16\n")
     print(provenance(command, (time.perf_counter() - t0) / 60) + " Peaks: compiled argument + output + temp - "
