@@ -63,11 +63,10 @@ RAISE_SLACK = 0.02
 MAX_RAISES = 4
 # After the solver's plan, at most MAX_UNIFORM_CHECKS faster uniform plans predicted within
 # UNIFORM_REACH x the budget are compiled in case the model over-predicted them (predictions
-# corrected by `PlanSearch.under_prediction`: a plan may compile below its prediction so
-# corrected, as a twin may compile below its hand-written plan: on the small transformer
-# (benchmarks/run.py) nothing_saveable per repeated unit compiled to 40.3 MiB and per layer to
-# 47.6, x1.18, and the twin won at two budgets).
-MAX_UNIFORM_CHECKS = 4
+# corrected by `PlanSearch.under_prediction`; the reach is wide because a plan may compile well
+# below its prediction so corrected: on the small transformer (benchmarks/run.py)
+# nothing_saveable once per repeated unit of blocks compiled to 40.3 MiB where per layer, as
+# written by hand, it gave 47.6 (x1.18), and the former won at two budgets).
 UNIFORM_REACH = 1.3
 UNIFORM_NEAR = 1.1
 # The option kinds that are JAX's built-in policies (nothing_saveable, dots_saveable,
@@ -265,16 +264,12 @@ class PlanSearch:
 
     def _twin_points(self, points: dict) -> list[tuple[int, float]]:
         """(compiled peak, compiled / predicted) of each hand-written per-layer policy, against
-        the model's prediction of its twin: the same policy once per repeated unit of blocks, or
-        on the scan bodies (the unit is cut where the least crosses, not on the layer's cut, so
-        twins compile 2-5% apart at 1B: 16.29 vs 16.00 GiB on GPT, 14.10 vs 13.39 on Llama)."""
-        m, period = self.model, self.model.period()
-        scans = any(b.kind == "scan" for b in m.blocks)
+        the model's prediction of its twin: the same policy once per layer, its regions cut on
+        the block boundaries nearest the layer's (`ChainModel.per_span`)."""
+        m, spans = self.model, [(la.start, la.stop) for la in self.layers]
         out = []
         for pol, kind in _TWIN_KINDS.items():
-            if pol not in points or (period is None and not scans):
-                continue
-            segs = m.uniform(kind, 1, scans_only=True) if scans else m.uniform(kind, period[1], offset=period[0])
+            segs = m.per_span(kind, spans) if pol in points else None
             if segs is not None:
                 predicted = evaluate(m.raw_problem, segs)[0]
                 out.append((points[pol].peak, points[pol].peak / max(predicted, 1)))

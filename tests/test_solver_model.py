@@ -304,3 +304,23 @@ def test_period_finds_the_layers_of_an_unrolled_stack():
     for name in ("mlp_chain", "convnet"):
         ex = examples.get_example(name)
         assert _chain_model.build_chain_model(build_graph(ex.fn, *ex.args), offload=False).period() is None
+
+
+def test_per_span_is_a_policy_per_layer_in_the_models_terms():
+    # One region per layer graph.find_layers found, over the blocks that start inside it,
+    # the rest left alone; on every example, including those whose chain does not repeat
+    # (the U-Net: no period, but layers).
+    from autoremat.graph._layers import find_layers
+
+    for name in ("transformer", "convnet"):
+        ex = examples.get_example(name)
+        g = build_graph(ex.fn, *ex.args)
+        layers = find_layers(g)
+        model = _chain_model.build_chain_model(g, offload=False)
+        segs = model.per_span("ckpt:recompute", [(la.start, la.stop) for la in layers])
+        assert segs is not None and segs[0].start == 0 and segs[-1].stop == len(model.blocks)
+        inside = [sg for sg in segs if sg.option.name == "ckpt:recompute"]
+        assert len(inside) == len(layers)
+        for sg, la in zip(inside, layers):
+            assert all(la.start <= model.blocks[b].start < la.stop for b in range(sg.start, sg.stop))
+        assert all(sg.option.name == "none" for sg in segs if sg not in inside)

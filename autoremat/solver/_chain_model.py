@@ -124,6 +124,33 @@ class ChainModel:
         return tuple(segs)
 
 
+    def per_span(self, kind: str, spans: Sequence[tuple[int, int]]) -> tuple[Segment, ...] | None:
+        """One region with option `kind` per span of top-level equations `[start, stop)` (the
+        layers `graph.find_layers` found), over the blocks that start inside it; a scan block
+        gets the scan option of the same kind, blocks outside every span are left alone.
+        This is a policy per layer written by hand, in the model's terms (its regions start and
+        stop on the block boundaries nearest the layer's).  None if some region lacks that
+        option."""
+        def span_of(b: Block):
+            return next((k for k, (lo, hi) in enumerate(spans) if lo <= b.start < hi), None)
+
+        segs, i, nb = [], 0, self.problem.n_blocks
+        while i < nb:
+            k, j = span_of(self.blocks[i]), i + 1
+            if k is not None and self.blocks[i].kind != "scan":
+                while j < nb and span_of(self.blocks[j]) == k and self.blocks[j].kind != "scan":
+                    j += 1
+            want = "none" if k is None else kind
+            if self.blocks[i].kind == "scan" and want.startswith("ckpt:"):
+                want = want.replace("ckpt:", "scan:", 1)
+            opt = next((o for o in self.raw_options.get((i, j), ()) if o.name == want), None)
+            if opt is None:
+                return None
+            segs.append(Segment(i, j, opt))
+            i = j
+        return tuple(segs)
+
+
 def build_chain_model(g: Graph, *, offload: bool = True, max_region_blocks: int | None = None,
                       caps: Sequence[float] = DEFAULT_CAPS, region_method: str = "cpsat",
                       region_time_limit: float | None = 2.0, max_blocks: int = 160,
