@@ -67,6 +67,7 @@ MAX_RAISES = 4
 # below its prediction so corrected: on the small transformer (benchmarks/run.py)
 # nothing_saveable once per repeated unit of blocks compiled to 40.3 MiB where per layer, as
 # written by hand, it gave 47.6 (x1.18), and the former won at two budgets).
+MAX_UNIFORM_CHECKS = 4
 UNIFORM_REACH = 1.3
 UNIFORM_NEAR = 1.1
 # The option kinds that are JAX's built-in policies (nothing_saveable, dots_saveable,

@@ -392,3 +392,24 @@ def test_while_a_plan_fits_the_fallback_tries_the_likeliest_and_stops_at_the_fir
     monkeypatch.setattr(_search, "_best_compiled", lambda sig, limit: None)
     assert search._try_pool("next") is None
     assert [t.split()[1] for t in tried] == ["fast", "lean", "middle", "scan:save:name:a", "scan:save:name:b"]
+
+
+def test_after_a_fitting_solver_plan_faster_uniform_plans_within_reach_are_compiled(monkeypatch):
+    """Phase 4: uniform plans the model says are faster than the solver's fitting plan are
+    compiled, likeliest to fit first, and taken when they fit; not those predicted over
+    UNIFORM_REACH x the budget once corrected like the hand-written plans' twins."""
+    from autoremat import _search
+
+    search = _search_on_mlp_chain(1000, (1e9, 0.0))
+    cands = [_search._Candidate(extra=1.0, kind="fast", size=1, segs=_segments(1.0), peak=900, flops=1.0),
+             _search._Candidate(extra=0.5, kind="faster", size=1, segs=_segments(0.5), peak=1200, flops=0.5)]
+    monkeypatch.setattr(_search, "_uniform_candidates", lambda model: cands)
+    monkeypatch.setattr(_search, "_best_compiled", lambda sig, limit: None)
+    compiled = []
+    monkeypatch.setattr(search, "compile_peak", lambda segs, how, result=None: compiled.append(how) or 950)
+    solver = (2.0, _segments(2.0), None, "solver round 1")
+    assert search.policy_checks(solver)[3].startswith("uniform faster x1")
+    assert [c.split()[1] for c in compiled] == ["fast", "faster"]
+    compiled.clear()
+    search.twins = [(1000, 1.5)]  # 900 x 1.5 and 1200 x 1.5 are over 1.3 x 1000
+    assert search.policy_checks(solver) == solver and compiled == []
