@@ -290,8 +290,8 @@ class PlanSearch:
 
     def first_target(self) -> int:
         """The solver's first target: the budget, less what the model under-predicts plans near
-        it by.  At 1B the model predicted the per-layer policies' twins 8-31% under their
-        compiled peaks (benchmarks/budget_log.py), so a first round aimed at the budget
+        it by.  At 1B the model predicted the per-layer policies' twins 9-34% under their
+        compiled peaks (benchmarks/budget_log.py, Llama), so a first round aimed at the budget
         overshot and cost a whole-step compile; aimed lower, equinox's fitting plans came a
         round sooner.  Never above the budget (the rounds raise it into unused memory)."""
         ratio = self.under_prediction()
