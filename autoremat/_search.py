@@ -11,15 +11,15 @@
 3. **solver rounds** (`solver_rounds`): the chain solver's plan for a target, compiled; the
    first target is the budget less what the model under-predicted the hand-written plans'
    twins by (`under_prediction`), and it moves with what XLA said (down after an overshoot,
-   up into unused memory).  A plan
-   the model says recomputes at least what the best compiled plan does, less MIN_GAIN of the
-   step's FLOPs, is not compiled.
+   up into unused memory).  A plan the model says recomputes at least what the best compiled
+   plan does, less MIN_GAIN of the step's FLOPs, is not compiled.
 4. **policy checks** (`policy_checks`): JAX's policies per block in the model's terms, and
    faster uniform plans the model may have over-predicted, compiled where they could win.
 5. **fallback** (`fallback`): when no solver plan fits: compile-verified uniform plans (the user's
    tags saved alone, JAX's policies per block, ...) that could recompute less (while a compiled
    plan fits: the user's tags first, then the model's own likeliest to fit first, up to the
-   first over budget, none predicted far over once corrected like the twins); the chain rebuilt two other ways only while nothing compiled fits.
+   first over budget, none predicted far over once corrected like the twins); the chain
+   rebuilt two other ways only while nothing compiled fits.
 6. **choose** (`finish`): of every plan compiled in this process for this signature that fits,
    the one that recomputes the fewest FLOPs (counted on the compiled step's jaxpr); so a looser
    budget never recomputes more (every plan compiled for a tighter one is a candidate).

@@ -102,10 +102,9 @@ class ChainModel:
         policy applied per layer).  Returns None if some region lacks that option.
         """
         segs, i, nb = [], 0, self.problem.n_blocks
-        scan_kind = kind.replace("ckpt:", "scan:", 1) if kind.startswith("ckpt:") else kind
         while i < nb:
             if self.blocks[i].kind == "scan":
-                j, want = i + 1, scan_kind
+                j, want = i + 1, kind  # `_option` gives a scan block its scan kind
             elif scans_only:
                 j, want = i + 1, "none"
             elif not self.blocks[i].heavy:
@@ -116,13 +115,19 @@ class ChainModel:
                 while j < min(nb, end) and self.blocks[j].kind != "scan" and self.blocks[j].heavy:
                     j += 1
                 want = kind
-            opt = next((o for o in self.raw_options.get((i, j), ()) if o.name == want), None)
+            opt = self._option(i, j, want)
             if opt is None:
                 return None
             segs.append(Segment(i, j, opt))
             i = j
         return tuple(segs)
 
+    def _option(self, i: int, j: int, name: str) -> Option | None:
+        """The option called `name` of the region over blocks `[i, j)`, scan blocks' own kind
+        (`ckpt:...` -> `scan:...`) where `[i, j)` is one scan block; None if there is none."""
+        if j == i + 1 and self.blocks[i].kind == "scan" and name.startswith("ckpt:"):
+            name = name.replace("ckpt:", "scan:", 1)
+        return next((o for o in self.raw_options.get((i, j), ()) if o.name == name), None)
 
     def per_span(self, kind: str, spans: Sequence[tuple[int, int]]) -> tuple[Segment, ...] | None:
         """One region with option `kind` per span of top-level equations `[start, stop)` (the
@@ -140,10 +145,7 @@ class ChainModel:
             if k is not None and self.blocks[i].kind != "scan":
                 while j < nb and span_of(self.blocks[j]) == k and self.blocks[j].kind != "scan":
                     j += 1
-            want = "none" if k is None else kind
-            if self.blocks[i].kind == "scan" and want.startswith("ckpt:"):
-                want = want.replace("ckpt:", "scan:", 1)
-            opt = next((o for o in self.raw_options.get((i, j), ()) if o.name == want), None)
+            opt = self._option(i, j, "none" if k is None else kind)
             if opt is None:
                 return None
             segs.append(Segment(i, j, opt))
