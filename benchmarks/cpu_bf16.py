@@ -15,7 +15,11 @@ JAX dtype cannot see.  This script measures the gap:
    twin of it (the same policy per repeated unit of blocks);
 3. what-ifs on the first of those decoders, in bf16: the model with the bf16 operands of every
    matmul counted at f32 size (activations alone, or weights too), against the compiled
-   per-layer policies (no change to autoremat: a probe of whether that alone would mend it).
+   per-layer policies (no change to autoremat: a probe of whether that alone would mend it);
+4. what XLA:CPU holds at its peak, by dtype, and how much of it is f32 copies of the step's
+   parameters (its live-range dump, written by a child process with `--xla_dump_to`): for the
+   bf16 MLP without remat and with `nothing_saveable` per layer, and for the first decoder with
+   `nothing_saveable` and `dots_saveable` per layer.
 
     .venv/bin/python benchmarks/cpu_bf16.py > benchmarks/results/cpu_bf16.md
 """
@@ -24,6 +28,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import glob
+import os
+import re
+import subprocess
+import tempfile
 import sys
 import time
 
@@ -130,10 +139,75 @@ def upcast_rows(name: str) -> list[str]:
     return rows
 
 
+def _buffers_child(name: str) -> None:
+    """Compiles the programs of section 4 under the dump flags the parent set."""
+    def compile_as(label, fn, args):
+        def step(*a):
+            return jax.value_and_grad(fn)(*a)
+        step.__name__ = label
+        jax.jit(step).lower(*args).compile()
+
+    fn, args = mlp(jnp.bfloat16)
+    compile_as("mlp_no_remat", fn, args)
+
+    def per_layer(ws, x):
+        for w in ws:
+            x = jax.checkpoint(lambda x, w: jnp.tanh(x @ w), policy=jax.checkpoint_policies.nothing_saveable)(x, w)
+        return jnp.sum(x.astype(jnp.float32))
+    compile_as("mlp_nothing_saveable", per_layer, args)
+    for pol in ("nothing_saveable", "dots_saveable"):
+        fn, args, _, n = realscale.make_model(name, [pol] * n_layers(name))
+        compile_as(f"{name}_{pol}", fn, args)
+
+
+def n_layers(name: str) -> int:
+    return realscale.make_model(name)[3]
+
+
+def _peak_live(live_range: str, hlo: str) -> dict:
+    """Bytes live at XLA's peak (its live-range dump: "Live ranges at N (peak)"), in all, in
+    f32 buffers, in bf16 ones, and in f32 copies of the step's parameters (the weights: a
+    `convert` whose operand is a parameter)."""
+    params = set(re.findall(r"%(\S+) = \S+ parameter\(", hlo))
+    shape = dict(re.findall(r"%(\S+) = (\w+)\[", hlo))
+    operands = {name: re.findall(r"%([\w.\-]+)", args) for name, args in
+                re.findall(r"%(\S+) = \S+ fusion\(([^)]*)\)", hlo)}
+    section = live_range.split("(peak):")[1].split("Stack trace")[0]
+    out = {"all": 0, "f32": 0, "bf16": 0, "f32 copies of parameters": 0}
+    for name, nbytes in re.findall(r"^\s+([\w.\-]+)\{\S*\}: (\d+) bytes", section, re.M):
+        n = int(nbytes)
+        out["all"] += n
+        out[shape.get(name)] = out.get(shape.get(name), 0) + n
+        ops = operands.get(name, [])
+        if shape.get(name) == "f32" and "convert" in name and ops and all(o in params for o in ops):
+            out["f32 copies of parameters"] += n
+    return out
+
+
+def buffer_rows(name: str) -> list[str]:
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={d}")
+        subprocess.run([sys.executable, os.path.abspath(__file__), "--buffers-child", name], env=env, check=True,
+                       capture_output=True)
+        rows = []
+        for label in ("mlp_no_remat", "mlp_nothing_saveable", f"{name}_nothing_saveable", f"{name}_dots_saveable"):
+            def read(suffix):
+                return open(next(iter(glob.glob(os.path.join(d, f"*jit_{label}.cpu_after_optimizations{suffix}"))))).read()
+            live = _peak_live(read("-live-range.txt"), read(".txt"))
+            unit, u = (MiB, "MiB") if label.startswith("mlp") else (GiB, "GiB")
+            rows.append(f"| {label} | " + " | ".join(
+                f"{live.get(k, 0) / unit:.2f}" for k in ("all", "f32", "bf16", "f32 copies of parameters")) + f" | {u} |")
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", nargs="*", default=["llama", "gpt"])
+    ap.add_argument("--buffers-child", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.buffers_child:
+        _buffers_child(a.buffers_child)
+        return 0
     t0 = time.perf_counter()
     lines = ["## 8-layer tanh MLP, width 1024, batch 4096\n",
              "| dtype | converts in the HLO | no remat, compiled MiB | model MiB "
@@ -146,6 +220,9 @@ def main(argv=None) -> int:
         lines += decoder_rows(name)
     lines += [f"\n## What if the model counted matmul operands at f32 ({a.models[0]}, bf16; GiB, vs compiled)\n",
               "| | " + " | ".join(realscale.POLICIES) + " |", "|---|---:|---:|---:|", *upcast_rows(a.models[0])]
+    lines += ["\n## What XLA:CPU holds at its peak (bf16 programs; XLA's live-range dump)\n",
+              "| program | live at the peak | f32 buffers | bf16 buffers | f32 copies of the parameters | unit |",
+              "|---|---:|---:|---:|---:|---|", *buffer_rows(a.models[0])]
     command = "python benchmarks/cpu_bf16.py" + (" --models " + " ".join(a.models) if argv else "")
     print("# The chain model against XLA:CPU, float32 and bfloat16\n")
     print(provenance(command, (time.perf_counter() - t0) / 60) + " Peaks: compiled argument + output + temp - "
