@@ -70,15 +70,14 @@ MAX_RAISES = 4
 MAX_UNIFORM_CHECKS = 4
 UNIFORM_REACH = 1.3
 UNIFORM_NEAR = 1.1
-# The option kinds that are JAX's built-in policies (nothing_saveable, dots_saveable,
-# dots_with_no_batch_dims_saveable) applied per block or to a scan body; one of them
-# replaces the solver's plan if it recomputes fewer FLOPs, is estimated at most this much
-# slower, and compiles within the budget.
-POLICY_KINDS = ("ckpt:recompute", "ckpt:save:dots", "ckpt:save:dots_no_batch")
+# JAX's built-in policies and the option kinds that are they in the model's terms (applied
+# per block, per layer or to a scan body).  One of those kinds replaces the solver's plan if it
+# recomputes fewer FLOPs, is estimated at most POLICY_TOLERANCE slower, and compiles within the
+# budget; per layer, they are the twins of the hand-written plans (`_twin_points`).
+POLICY_KIND_OF = {"nothing_saveable": "ckpt:recompute", "dots_with_no_batch_dims_saveable": "ckpt:save:dots_no_batch",
+                  "dots_saveable": "ckpt:save:dots"}
+POLICY_KINDS = tuple(POLICY_KIND_OF.values())
 POLICY_TOLERANCE = 0.10
-# Each hand-written per-layer policy and the option kind of its twin in the model's terms.
-_TWIN_KINDS = {"nothing_saveable": "ckpt:recompute", "dots_with_no_batch_dims_saveable": "ckpt:save:dots_no_batch",
-               "dots_saveable": "ckpt:save:dots"}
 # A plan is compiled only if it may recompute at least this fraction of the un-optimized step's
 # FLOPs less than the best fitting plan compiled so far.  Measured step times on this machine
 # vary by a few percent from run to run (docs/FINDINGS.md), so a smaller saving cannot be told
@@ -269,7 +268,7 @@ class PlanSearch:
         the block boundaries nearest the layer's (`ChainModel.per_span`)."""
         m, spans = self.model, [(la.start, la.stop) for la in self.layers]
         out = []
-        for pol, kind in _TWIN_KINDS.items():
+        for pol, kind in POLICY_KIND_OF.items():
             segs = m.per_span(kind, spans) if pol in points else None
             if segs is not None:
                 predicted = evaluate(m.raw_problem, segs)[0]

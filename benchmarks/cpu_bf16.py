@@ -155,13 +155,10 @@ def _buffers_child(name: str) -> None:
             x = jax.checkpoint(lambda x, w: jnp.tanh(x @ w), policy=jax.checkpoint_policies.nothing_saveable)(x, w)
         return jnp.sum(x.astype(jnp.float32))
     compile_as("mlp_nothing_saveable", per_layer, args)
+    n = realscale.make_model(name)[3]
     for pol in ("nothing_saveable", "dots_saveable"):
-        fn, args, _, n = realscale.make_model(name, [pol] * n_layers(name))
+        fn, args, _, _ = realscale.make_model(name, [pol] * n)
         compile_as(f"{name}_{pol}", fn, args)
-
-
-def n_layers(name: str) -> int:
-    return realscale.make_model(name)[3]
 
 
 def _peak_live(live_range: str, hlo: str) -> dict:
