@@ -87,7 +87,7 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
                         offload=offload, profile_name=profile.name, solver=solver, time_limit=time_limit,
                         validate=validate, max_rounds=max_rounds, max_candidates=max_candidates,
                         block_cache=block_cache)
-    if baseline_peak is not None and baseline_peak <= search.limit:
+    if baseline_peak is not None and baseline_peak <= search.budget:
         return _as_written(model, traced, budget_bytes, baseline_peak, meta, say)
     # The graph may be another trace's of the same signature: run the plan with this one's constants.
     return replace(search.run(), traced=traced)

@@ -197,20 +197,21 @@ def autoremat_row(name: str, budget: int, none: tuple, say):
     dt = time.perf_counter() - t0
     plan = planned.plan
     st = compiled_stats(apply(fn, plan), *args)
-    return {"status": "ok", "peak": st.peak_bytes, "extra": st.matmul_flops - none[0],
+    return {"status": "ok", "peak": st.peak_bytes, "host": st.host_bytes, "extra": st.matmul_flops - none[0],
             "extra_all": st.jaxpr_flops - none[1], "time": dt,
             "predicted": plan.predicted_peak, "found_by": plan.meta.get("found_by", "")}
 
 
-def run_model(name: str, say) -> list[str]:
+def run_model(name: str, say, lines: list) -> None:
+    """Appends `name`'s table to `lines`, row by row (`say` may write them out as they come)."""
     _, _, desc, _ = make_model(name)
     say(f"{name}: {desc}")
     hand = hand_rows(name, say)
     none = (hand[0][1].matmul_flops, hand[0][1].jaxpr_flops)
-    lines = [f"### {name}", "", desc, "",
-             "| plan | budget GiB | compiled GiB | +TFLOP matmul | +TFLOP all | planning s | predicted GiB | "
-             "found by | vs hand |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"### {name}", "", desc, "",
+              "| plan | budget GiB | compiled GiB | +TFLOP matmul | +TFLOP all | planning s | predicted GiB | "
+              "found by | vs hand |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for label, st in hand:
         lines.append(f"| {label} | | {st.peak_bytes / GiB:.2f} | {(st.matmul_flops - none[0]) / 1e12:.3f} | "
                      f"{(st.jaxpr_flops - none[1]) / 1e12:.3f} | | | hand-written | |")
@@ -218,21 +219,22 @@ def run_model(name: str, say) -> list[str]:
     for b, label, hand_extra in sorted(budgets, reverse=True):
         r = autoremat_row(name, b, none, say)
         if r["status"] != "ok":
-            say(f"  autoremat at {label} ({b / GiB:.2f} GiB): infeasible, lowest {r['lowest'] / GiB:.2f} GiB "
-                f"({r['time']:.0f}s)")
             lines.append(f"| autoremat at {label} | {b / GiB:.2f} | infeasible (lowest {r['lowest'] / GiB:.2f}) | | | "
                          f"{r['time']:.0f} | | | |")
+            say(f"  autoremat at {label} ({b / GiB:.2f} GiB): infeasible, lowest {r['lowest'] / GiB:.2f} GiB "
+                f"({r['time']:.0f}s)")
             continue
         verdict = ""
         if hand_extra is not None:
             ok = r["peak"] <= b and r["extra"] <= hand_extra
             verdict = "no more" if ok else "**MORE**"
         pred = f"{r['predicted'] / GiB:.2f}" if r["predicted"] else ""
-        say(f"  autoremat at {label} ({b / GiB:.2f} GiB): {r['peak'] / GiB:.2f} GiB, +{r['extra'] / 1e12:.2f} TFLOP, "
-            f"{r['time']:.0f}s, {r['found_by']} {verdict}")
-        lines.append(f"| autoremat at {label} | {b / GiB:.2f} | {r['peak'] / GiB:.2f} | {r['extra'] / 1e12:.3f} | "
+        host = f" (+{r['host'] / GiB:.2f} host)" if r["host"] else ""  # offloaded: outside the device peak
+        lines.append(f"| autoremat at {label} | {b / GiB:.2f} | {r['peak'] / GiB:.2f}{host} | {r['extra'] / 1e12:.3f} | "
                      f"{r['extra_all'] / 1e12:.3f} | {r['time']:.0f} | {pred} | {r['found_by']} | {verdict} |")
-    return lines + [""]
+        say(f"  autoremat at {label} ({b / GiB:.2f} GiB): {r['peak'] / GiB:.2f} GiB{host}, "
+            f"+{r['extra'] / 1e12:.2f} TFLOP, {r['time']:.0f}s, {r['found_by']} {verdict}")
+    lines.append("")
 
 
 def main(argv=None) -> int:
@@ -242,25 +244,26 @@ def main(argv=None) -> int:
                                                   "realscale.md"))
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
+    models = "" if a.models == ap.get_default("models") else " --models " + " ".join(a.models)
+    body: list[str] = []
 
-    def say(m):
+    def say(m):  # progress, and the results so far (a run stopped early keeps its rows)
         print(m, file=sys.stderr, flush=True)
+        head = [
+            "# Real-scale plans, compile-only (issue 14)", "",
+            provenance(f"python benchmarks/realscale.py{models}", (time.perf_counter() - t0) / 60), "",
+            "Compiled peak = argument + output + temp - alias of the compiled `value_and_grad` step; +TFLOP = the "
+            "step's jaxpr FLOPs over no remat, of its matmuls and in all (recomputation included, scan bodies "
+            "times their trip count). 'vs hand': whether autoremat at that hand-written plan's compiled peak fits "
+            "and recomputes no more matmul FLOPs. "
+            "autoremat's plan is compiled again by this script; 'predicted' is the chain model's figure for the "
+            "plan (empty for hand-written plans it chose); '+N host': bytes its plan offloads to host memory, "
+            "outside the device peak.", ""]
+        with open(a.out, "w") as f:
+            f.write("\n".join(head + body))
 
-    body = []
     for name in a.models:
-        body += run_model(name, say)
-    head = [
-        "# Real-scale plans, compile-only (issue 14)", "",
-        provenance(f"python benchmarks/realscale.py{' --models ' + ' '.join(a.models) if argv else ''}",
-                   (time.perf_counter() - t0) / 60), "",
-        "Compiled peak = argument + output + temp - alias of the compiled `value_and_grad` step; +TFLOP = the "
-        "step's jaxpr FLOPs over no remat, of its matmuls and in all (recomputation included, scan bodies times "
-        "their trip count). 'vs hand': whether autoremat at that hand-written plan's compiled peak fits and "
-        "recomputes no more matmul FLOPs. "
-        "autoremat's plan is compiled again by this script; 'predicted' is the chain model's figure for the "
-        "plan (empty for hand-written plans it chose).", ""]
-    with open(a.out, "w") as f:
-        f.write("\n".join(head + body))
+        run_model(name, say, body)
     say(f"wrote {a.out}")
     return 0
 

@@ -1,0 +1,64 @@
+"""Does autoremat's own copy of a hand-written policy compile to the hand-written one's peak?
+
+The plan search keeps its promise by compiling, among its candidates, each JAX policy once per
+layer (`_hand.layer_plan`: one region per `graph.find_layers` layer).  At a hand-written plan's
+compiled peak that copy must fit, so it must compile to the same peak.  This compiles, for one
+realscale.py model in one process, each per-layer policy written by hand and autoremat's copy,
+each twice, and prints their memory figures (GiB), to tell a structural difference (copy always
+higher) from compile-to-compile variation (the same program compiled twice differs: on XLA:GPU,
+autotuning picks kernels by timing them):
+
+    .venv/bin/python benchmarks/hand_twins.py --model llama
+
+Writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import autoremat
+
+autoremat.configure_cpu_flags()
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import realscale  # noqa: E402
+
+from autoremat.graph._graph import graph_from_traced  # noqa: E402
+from autoremat.graph._layers import find_layers  # noqa: E402
+from autoremat.graph._profiles import detect_profile  # noqa: E402
+from autoremat.graph._trace import trace  # noqa: E402
+from autoremat._hand import layer_plan  # noqa: E402
+from autoremat.runtime import apply  # noqa: E402
+from autoremat.runtime._validate import compiled_stats  # noqa: E402
+
+GiB = 2**30
+
+
+def line(label: str, st) -> str:
+    return (f"{label:58s} peak {st.peak_bytes / GiB:7.3f}  temp {st.temp_bytes / GiB:7.3f}  "
+            f"args {st.argument_bytes / GiB:6.3f}  xla peak {(st.xla_peak_bytes or 0) / GiB:7.3f}  TFLOP {st.matmul_flops / 1e12:8.3f}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="llama")
+    ap.add_argument("--repeats", type=int, default=2)
+    a = ap.parse_args(argv)
+    fn, args, desc, _ = realscale.make_model(a.model)
+    g = graph_from_traced(trace(fn, args, {}, skip_integer_leaves=False), profile=detect_profile())
+    layers = find_layers(g)
+    print(f"{a.model}: {desc}; {len(layers)} layers found", flush=True)
+    for pol in realscale.POLICIES:
+        hand_fn, hand_args, _, L = realscale.make_model(a.model, [pol] * len(layers))
+        copy = apply(fn, layer_plan(g, layers, [pol] * len(layers)))
+        for k in range(a.repeats):
+            print(line(f"{pol} by hand, compile {k + 1}", compiled_stats(hand_fn, *hand_args)), flush=True)
+            print(line(f"{pol} autoremat's copy, compile {k + 1}", compiled_stats(copy, *args)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
