@@ -40,6 +40,7 @@ __all__ = ["HAND_POLICIES", "HandPlan", "HandSearch", "layer_plan", "uniform_pla
 
 # JAX's built-in policies a person applies per layer, leanest first.
 HAND_POLICIES = ("nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_saveable")
+_POLICIES = (None, *HAND_POLICIES)  # the options a person writes per layer (None: no remat)
 # Solver saved sets compiled per search: each is a whole-step compile (5-9 s at 1B).  The line
 # through the policies' peaks predicted the small transformer's ilp25% set at 50.4 MiB
 # (compiled 50.3) and the 16-layer 1B decoder's ilp10% set at 10.33 GiB (compiled 10.84, +5%),
@@ -197,24 +198,37 @@ class HandSearch:
             self.saved_bytes[o.label] = o.saved_bytes
 
     def mix(self, limit: int) -> HandPlan | None:
-        """The two-policy mix predicted to recompute least within `limit`, corrected by compiling;
-        None if no pair brackets the limit (a uniform plan is then the best hand plan)."""
-        n = len(self.layers)
-        fitting = [p.extra_flops for p in self.points.values() if p.peak <= limit]
-        best = None if not fitting else (min(fitting), None, None, 0)  # (predicted FLOPs, lean, fast, k)
+        """The best two-option mix within `limit`, compiled.  First the pair of JAX policies (or
+        no remat) predicted to recompute least, settled by compiling whatever else is predicted,
+        so that the mix a person writes is always a candidate (its first count is a guess that
+        settling mends); then the best pair with a solver's set, if predicted to beat every
+        compiled plan that fits.  On the H100 the 18-layer 1B decoder's ilp10% set fitted the
+        hand-written mix's budget (9 nothing_saveable + 9 dots_with_no_batch_dims_saveable,
+        9.22 GiB, +8.35 TFLOP); its mix with dots_with_no_batch_dims_saveable was predicted
+        best and settled at +8.52, and the policies' mix was never compiled
+        (benchmarks/results/gpu-h100-realscale.md).  None if no pair settles within `limit`."""
+        pairs = self._pairs(limit)
+        policies = [p for p in pairs if p[1] in _POLICIES and p[2] in _POLICIES]
+        best = self._settle(*policies[0][1:], limit) if policies else None
+        bound = min([p.extra_flops for p in self.points.values() if p.peak <= limit]
+                    + ([best.extra_flops] if best else []), default=math.inf)
+        top = next((p for p in pairs if p not in policies and p[0] < bound), None)
+        got = self._settle(*top[1:], limit) if top else None
+        return got if got is not None and (best is None or got.extra_flops < best.extra_flops) else best
+
+    def _pairs(self, limit: int) -> list[tuple]:
+        """(predicted extra FLOPs, lean, fast, first count) of every pair of compiled options that
+        brackets `limit` (the lean one fits, the fast one recomputes less and does not) and where
+        at least one layer of the fast one is predicted to fit; least predicted first.  The
+        FLOPs of a mix are its layers' (exact for identical layers); only the count is a guess."""
+        n, out = len(self.layers), []
         for lean, a in self.points.items():
             for fast, b in self.points.items():
-                if not (a.peak <= limit < b.peak and b.extra_flops < a.extra_flops):
-                    continue
-                k = self._first_count(lean, fast, limit)
-                if k >= 1:
-                    pred = a.extra_flops + k / n * (b.extra_flops - a.extra_flops)
-                    if best is None or pred < best[0]:
-                        best = (pred, lean, fast, k)
-        if best is None or best[3] == 0:
-            return None  # no mix is predicted to beat the best uniform plan that fits
-        _, lean, fast, k = best
-        return self._settle(lean, fast, k, limit)
+                if a.peak <= limit < b.peak and b.extra_flops < a.extra_flops:
+                    k = self._first_count(lean, fast, limit)
+                    if k >= 1:
+                        out.append((a.extra_flops + k / n * (b.extra_flops - a.extra_flops), lean, fast, k))
+        return sorted(out, key=lambda p: p[0])
 
     def _first_count(self, lean, fast, limit: int) -> int:
         """How many of the last layers may take `fast` within `limit`, before compiling any mix.
