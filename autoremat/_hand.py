@@ -198,23 +198,36 @@ class HandSearch:
             self.saved_bytes[o.label] = o.saved_bytes
 
     def mix(self, limit: int) -> HandPlan | None:
-        """The best two-option mix within `limit`, compiled.  First the pair of JAX policies (or
-        no remat) predicted to recompute least, settled by compiling whatever else is predicted,
-        so that the mix a person writes is always a candidate (its first count is a guess that
-        settling mends); then the best pair with a solver's set, if predicted to beat every
-        compiled plan that fits.  On the H100 the 18-layer 1B decoder's ilp10% set fitted the
-        hand-written mix's budget (9 nothing_saveable + 9 dots_with_no_batch_dims_saveable,
-        9.22 GiB, +8.35 TFLOP); its mix with dots_with_no_batch_dims_saveable was predicted
-        best and settled at +8.52, and the policies' mix was never compiled
-        (benchmarks/results/gpu-h100-realscale.md).  None if no pair settles within `limit`."""
+        """The best two-option mix within `limit`, compiled.  Two pairs are tried, best predicted
+        first: the pair of JAX policies (or no remat) and the pair with a solver's set predicted
+        to recompute least.  Each is settled by compiling from its first count, or from the
+        count where it recomputes less than every plan compiled so far that fits, if higher; a
+        mix's peak grows with its count, so where that count is over, one compile shows the
+        pair cannot win.  So the mix a person writes is a candidate whenever it could win.  On
+        the H100 the 18-layer 1B decoder's ilp10% set fitted the hand-written mix's budget (9
+        nothing_saveable + 9 dots_with_no_batch_dims_saveable, 9.22 GiB, +8.35 TFLOP); its mix
+        was predicted best and settled at +8.52, and the policies' mix was never compiled
+        (benchmarks/results/gpu-h100-realscale.md).  None if no mix fits and wins."""
         pairs = self._pairs(limit)
         policies = [p for p in pairs if p[1] in _POLICIES and p[2] in _POLICIES]
-        best = self._settle(*policies[0][1:], limit) if policies else None
-        bound = min([p.extra_flops for p in self.points.values() if p.peak <= limit]
-                    + ([best.extra_flops] if best else []), default=math.inf)
-        top = next((p for p in pairs if p not in policies and p[0] < bound), None)
-        got = self._settle(*top[1:], limit) if top else None
-        return got if got is not None and (best is None or got.extra_flops < best.extra_flops) else best
+        tops = sorted(g[0] for g in (policies, [p for p in pairs if p not in policies]) if g)
+        bound = min((p.extra_flops for p in self.points.values() if p.peak <= limit), default=math.inf)
+        best = None
+        for _, lean, fast, k in tops:
+            floor = self._count_below(lean, fast, bound)
+            got = None if floor is None else self._settle(lean, fast, max(k, floor), limit, floor)
+            if got is not None and got.extra_flops < bound:
+                best, bound = got, got.extra_flops
+        return best
+
+    def _count_below(self, lean, fast, bound: float) -> int | None:
+        """The fewest layers of `fast` (the rest `lean`) whose FLOPs are below `bound`; None if
+        even all but one are not."""
+        n, a, b = len(self.layers), self.points[lean].extra_flops, self.points[fast].extra_flops
+        if bound == math.inf:
+            return 1
+        k = max(1, math.floor((a - bound) / (a - b) * n) + 1)
+        return k if k < n else None
 
     def _pairs(self, limit: int) -> list[tuple]:
         """(predicted extra FLOPs, lean, fast, first count) of every pair of compiled options that
@@ -246,10 +259,10 @@ class HandSearch:
             return min(n - 1, int((limit - a.peak) / (b.peak - a.peak) * n))
         return min(n - 1, max(0, n - math.ceil((b.peak - limit) / step)))
 
-    def _settle(self, lean, fast, k: int, limit: int) -> HandPlan | None:
-        """The largest count of `fast` layers that compiles within `limit`, from the line's `k`:
-        a secant step on the compiled peaks (peak per layer of `fast`) while it fits, a bisection
-        once one count fits and a larger one does not."""
+    def _settle(self, lean, fast, k: int, limit: int, floor: int = 1) -> HandPlan | None:
+        """The largest count of `fast` layers, at least `floor`, that compiles within `limit`,
+        from `k`: a secant step on the compiled peaks (peak per layer of `fast`) while it fits,
+        a bisection once one count fits and a larger one does not; no count below `floor`."""
         n = len(self.layers)
         peaks = {0: self.points[lean].peak, n: self.points[fast].peak}
         fit, over, best = 0, n, None  # largest count known to fit, smallest known over
@@ -263,9 +276,9 @@ class HandSearch:
                 fit, best = k, got
             else:
                 over = k
-            if over - fit <= 1:
+            if over - max(fit, floor - 1) <= 1:
                 break
-            k = _next_count(peaks, fit, over, limit)
+            k = max(floor, _next_count(peaks, fit, over, limit))
         return best
 
 

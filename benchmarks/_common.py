@@ -29,11 +29,11 @@ def provenance(command: str, minutes: float) -> str:
             f"{datetime.date.today()}.")
 
 
-def checkout_args(description: str, argv=None):
+def checkout_args(description: str, argv=None, extra=None):
     """`--root` (the checkout whose autoremat plans) and `--model` (a realscale.py model), with
     that checkout's autoremat put first on the path and XLA:CPU's flags set: the setup of the
     scripts that time one checkout's planner on this checkout's models (first_budget.py,
-    budget_log.py).  Returns the parsed arguments."""
+    budget_log.py); `extra(parser)` adds a script's own options.  Returns the parsed arguments."""
     import argparse
     import sys
 
@@ -41,6 +41,8 @@ def checkout_args(description: str, argv=None):
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--root", default=os.path.dirname(here), help="checkout whose autoremat plans")
     ap.add_argument("--model", default="llama", help="a realscale.py model (default: llama)")
+    if extra is not None:
+        extra(ap)
     a = ap.parse_args(argv)
     sys.path[:0] = [a.root, here]  # the checkout's autoremat; this checkout's benchmark models
     import autoremat

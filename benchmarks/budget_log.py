@@ -8,6 +8,7 @@ progress line is printed with the seconds since that budget's planning began:
 
     .venv/bin/python benchmarks/budget_log.py --model gpt
     .venv/bin/python benchmarks/budget_log.py --root /tmp/old   # another checkout's planner
+    .venv/bin/python benchmarks/budget_log.py --only mix         # the budgets whose label has "mix"
 
 Writes nothing.
 """
@@ -21,14 +22,16 @@ from _common import checkout_args
 
 
 def main(argv=None) -> int:
-    a = checkout_args(__doc__.split("\n")[0], argv)
+    a = checkout_args(__doc__.split("\n")[0], argv, lambda ap: ap.add_argument(
+        "--only", default="", help="plan only at the hand-written plans whose label contains this"))
     import realscale
     from autoremat._optimize import plan_for
     from autoremat.runtime._validate import compiled_stats
 
     budgets = []
     for label, pols, cse in realscale.hand_variants(a.model)[1:]:
-        if cse:  # a scan's prevent_cse=False variants compile to the same peaks (realscale.md)
+        # a scan's prevent_cse=False variants compile to the same peaks (realscale.md)
+        if cse and a.only in label:
             fn, args, _, _ = realscale.make_model(a.model, pols, cse)
             budgets.append((compiled_stats(fn, *args).peak_bytes, label))
     fn, args, _, _ = realscale.make_model(a.model)
