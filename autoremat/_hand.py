@@ -200,10 +200,12 @@ class HandSearch:
     def mix(self, limit: int) -> HandPlan | None:
         """The best two-option mix within `limit`, compiled.  Two pairs are tried, best predicted
         first: the pair of JAX policies (or no remat) and the pair with a solver's set predicted
-        to recompute least.  Each is settled by compiling from its first count, or from the
-        count where it recomputes less than every plan compiled so far that fits, if higher; a
-        mix's peak grows with its count, so where that count is over, one compile shows the
-        pair cannot win.  So the mix a person writes is a candidate whenever it could win.  On
+        to recompute least.  The first is settled by compiling from its first count (or the
+        count where it beats the uniform plans that fit, if higher); the second from the count
+        where it recomputes less than the first's mix: a mix's peak grows with its count, so
+        where that count is over, one compile shows the pair cannot win (GPT 1B's policy mix
+        took two from its first count, benchmarks/budget_log.py --model gpt --only mix).  So
+        the mix a person writes is a candidate whenever it could win.  On
         the H100 the 18-layer 1B decoder's ilp10% set fitted the hand-written mix's budget (9
         nothing_saveable + 9 dots_with_no_batch_dims_saveable, 9.22 GiB, +8.35 TFLOP); its mix
         was predicted best and settled at +8.52, and the policies' mix was never compiled
@@ -215,7 +217,8 @@ class HandSearch:
         best = None
         for _, lean, fast, k in tops:
             floor = self._count_below(lean, fast, bound)
-            got = None if floor is None else self._settle(lean, fast, max(k, floor), limit, floor)
+            start = floor if best is not None else max(k, floor)  # a challenger: can it win at all?
+            got = None if floor is None else self._settle(lean, fast, start, limit, floor)
             if got is not None and got.extra_flops < bound:
                 best, bound = got, got.extra_flops
         return best
