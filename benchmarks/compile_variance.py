@@ -6,7 +6,8 @@ On the small transformer: three plans, each compiled five times (abstract argume
 and with sharding, concrete arrays, then again), and two offloading plans (the model's
 lowest-peak plan with offload, and matmul outputs offloaded per block) with predicted,
 compiled and host bytes.  On an H100 (results/gpu-h100-variance.log) one plan compiled to
-45.30 or 46.29 MiB from one run to the next (why `ACCELERATOR_SAFETY` is 2.5%), and the
+45.30 or 46.29 MiB from one run to the next (why a 2.5% margin off the CPU was set, and
+removed at 1B: hand_twins.py), and the
 offloading plans compiled far above their prediction.  Prints to stdout.
 """
 from autoremat._xla import configure_cpu_flags
