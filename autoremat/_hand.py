@@ -204,15 +204,16 @@ class HandSearch:
         count where it beats the uniform plans that fit, if higher); the second from the count
         where it recomputes less than the first's mix: a mix's peak grows with its count, so
         where that count is over, one compile shows the pair cannot win (GPT 1B's policy mix
-        took two from its first count, benchmarks/budget_log.py --model gpt --only mix).  So
-        the mix a person writes is a candidate whenever it could win.  On
-        the H100 the 18-layer 1B decoder's ilp10% set fitted the hand-written mix's budget (9
-        nothing_saveable + 9 dots_with_no_batch_dims_saveable, 9.22 GiB, +8.35 TFLOP); its mix
-        was predicted best and settled at +8.52, and the policies' mix was never compiled
+        took two from its first count, benchmarks/budget_log.py --model gpt --only mix).  So the
+        mix a person writes is a candidate whenever it could win.  On the H100 the 18-layer 1B
+        decoder's ilp10% set fitted the hand-written mix's budget (9 nothing_saveable + 9
+        dots_with_no_batch_dims_saveable, 9.22 GiB, +8.35 TFLOP); its mix was predicted best and
+        settled at +8.52, and the policies' mix was never compiled
         (benchmarks/results/gpu-h100-realscale.md).  None if no mix fits and wins."""
         pairs = self._pairs(limit)
         policies = [p for p in pairs if p[1] in _POLICIES and p[2] in _POLICIES]
-        tops = sorted(g[0] for g in (policies, [p for p in pairs if p not in policies]) if g)
+        others = [p for p in pairs if p not in policies]
+        tops = sorted((g[0] for g in (policies, others) if g), key=lambda p: p[0])  # options may be None
         bound = min((p.extra_flops for p in self.points.values() if p.peak <= limit), default=math.inf)
         best = None
         for _, lean, fast, k in tops:

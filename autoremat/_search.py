@@ -31,7 +31,6 @@ import warnings
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
-
 from autoremat._bridge import to_plan, with_recompute_costs
 from autoremat._errors import InfeasibleBudgetError
 from autoremat._progress import working
