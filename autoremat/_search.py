@@ -142,6 +142,7 @@ class PlanSearch:
     tried: dict = field(default_factory=dict)
     history: list = field(default_factory=list)
     twins: list = field(default_factory=list)  # `_twin_points`
+    compiles: int = 0  # whole-step compiles this search made (at 1B on this CPU, 7-12 s each)
 
     # The budget is the bar on every backend.  A 2.5% margin off the CPU, set when two compiles
     # of one small example's plan on an H100 came out 0.99 MiB (2.2%) apart
@@ -179,6 +180,7 @@ class PlanSearch:
             if content not in _BY_CONTENT:
                 with working(self.say, f"compiling {plan.meta.get('found_by') or 'a candidate plan'}"):
                     st = compiled_stats(apply(self.fn, plan), *self.args, **self.stats_kw, **self.kwargs)
+                self.compiles += 1
                 _BY_CONTENT[content] = (st.peak_bytes, st.jaxpr_flops - self.none_flops[0],
                                         st.matmul_flops - self.none_flops[1])
             peak, measured, matmul = _BY_CONTENT[content]
@@ -493,9 +495,11 @@ class PlanSearch:
         how = best.plan.meta.get("found_by", "")
         self.say(f"chosen: {how or 'the solver'}: compiled {format_bytes(best.peak)}, "
                  f"+{best.measured / 1e9:.4g} GFLOP recomputed ({best.matmul / 1e9:.4g} in matmuls)"
-                 + (f" (model: {best.flops / 1e9:.4g})" if best.flops else ""))
+                 + (f" (model: {best.flops / 1e9:.4g})" if best.flops else "")
+                 + f"; {self.compiles} plans compiled for this budget")
         plan = replace(best.plan, budget=self.budget, meta={
             **best.plan.meta, **self.meta, "compiled_peak": best.peak, "rounds": _rounds(self.history),
+            "compiles": self.compiles,
             "found_by": how, "extra_flops": best.measured, "extra_matmul_flops": best.matmul,
             "hand_candidates": _hand_table(self.sig)})
         return Planned(with_recompute_costs(self.g, plan), self.g.traced, self.model, self.baseline_peak, self.history)

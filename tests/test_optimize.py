@@ -254,6 +254,23 @@ def test_a_plan_is_compiled_once_whatever_it_is_called(monkeypatch):
     assert calls == []
 
 
+def test_the_plan_says_how_many_plans_were_compiled_for_its_budget(monkeypatch):
+    """`meta["compiles"]` counts the search's whole-step compiles (what planning time at 1B is
+    made of); planning the same budget again in the process compiles none."""
+    from autoremat import _search
+    from autoremat._optimize import plan_for
+
+    calls = []
+    real = _search.compiled_stats
+    monkeypatch.setattr(_search, "compiled_stats", lambda *a, **k: calls.append(1) or real(*a, **k))
+    ex = examples.get_example("mlp_chain", n_layers=5, width=48, batch=96)
+    first = plan_for(ex.fn, 0.7, ex.args).plan
+    assert first.meta["compiles"] == len(calls) > 0
+    again = plan_for(ex.fn, 0.7, ex.args).plan
+    assert again.meta["compiles"] == 0 and len(calls) == first.meta["compiles"]
+    assert again.meta["compiled_peak"] == first.meta["compiled_peak"]
+
+
 def test_the_hand_written_policies_compile_fastest_first_up_to_the_first_that_fits():
     """Where dots_saveable per layer fits, the leaner policies (which save a subset, so recompute
     no less) are not compiled; where only nothing_saveable does, all three are."""
