@@ -15,9 +15,10 @@ Models (bf16, abstract `jax.ShapeDtypeStruct` arguments: nothing is allocated; X
 
 Rows, per model: no remat; each JAX policy written by hand around every layer
 (`jax.checkpoint(layer, policy=...)`; inside the scan around the body, with JAX's default
-`prevent_cse=True` and with `prevent_cse=False` as MaxText writes it); a two-policy mix (the
-first half of the layers `nothing_saveable`, the rest `dots_with_no_batch_dims_saveable`); then
-`autoremat.optimize`'s planner at each of those compiled peaks.
+`prevent_cse=True` and with `prevent_cse=False` as MaxText writes it); unrolled, two two-policy
+mixes, whose peaks lie between the policies' (the first half of the layers `nothing_saveable`,
+the rest `dots_with_no_batch_dims_saveable`; the first half that one, the rest `dots_saveable`);
+then `autoremat.optimize`'s planner at each of those compiled peaks.
 autoremat's plan is compiled again here, apart from the planner.
 
 Extra FLOPs: the step's jaxpr FLOPs minus the un-optimized step's (recomputation included, a
@@ -161,7 +162,8 @@ def make_model(name: str, policies=None, prevent_cse: bool = True, n_layers: int
 
 def hand_variants(name: str, mix: bool = True) -> list:
     """(label, policy per layer, prevent_cse) of the hand-written baselines: no remat, each policy
-    per layer (a scan's with prevent_cse True and False), and with `mix` a half-and-half mix."""
+    per layer (a scan's with prevent_cse True and False), and with `mix` the half-and-half mixes of
+    each two neighbouring policies (the first half the leaner one), whose peaks lie between theirs."""
     _, _, _, L = make_model(name)
     variants = [("no remat", None, True)]
     for pol in POLICIES:
@@ -170,8 +172,8 @@ def hand_variants(name: str, mix: bool = True) -> list:
             variants.append((f"{pol} per layer, prevent_cse=False", [pol] * L, False))
     if mix and not name.endswith("_scan"):
         half = L // 2
-        variants.append((f"mix: {half} nothing_saveable + {L - half} dots_with_no_batch_dims_saveable",
-                         ["nothing_saveable"] * half + ["dots_with_no_batch_dims_saveable"] * (L - half), True))
+        for lean, fast in zip(POLICIES, POLICIES[1:]):  # a budget between each two policies' peaks
+            variants.append((f"mix: {half} {lean} + {L - half} {fast}", [lean] * half + [fast] * (L - half), True))
     return variants
 
 
@@ -199,7 +201,8 @@ def autoremat_row(name: str, budget: int, none: tuple, say):
     st = compiled_stats(apply(fn, plan), *args)
     return {"status": "ok", "peak": st.peak_bytes, "host": st.host_bytes, "extra": st.matmul_flops - none[0],
             "extra_all": st.jaxpr_flops - none[1], "time": dt,
-            "predicted": plan.predicted_peak, "found_by": plan.meta.get("found_by", "")}
+            "predicted": plan.predicted_peak, "found_by": plan.meta.get("found_by", ""),
+            "compiles": plan.meta.get("compiles", "")}
 
 
 def run_model(name: str, say, lines: list) -> None:
@@ -209,18 +212,18 @@ def run_model(name: str, say, lines: list) -> None:
     hand = hand_rows(name, say)
     none = (hand[0][1].matmul_flops, hand[0][1].jaxpr_flops)
     lines += [f"### {name}", "", desc, "",
-              "| plan | budget GiB | compiled GiB | +TFLOP matmul | +TFLOP all | planning s | predicted GiB | "
-              "found by | vs hand |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "| plan | budget GiB | compiled GiB | +TFLOP matmul | +TFLOP all | planning s | compiles | "
+              "predicted GiB | found by | vs hand |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for label, st in hand:
         lines.append(f"| {label} | | {st.peak_bytes / GiB:.2f} | {(st.matmul_flops - none[0]) / 1e12:.3f} | "
-                     f"{(st.jaxpr_flops - none[1]) / 1e12:.3f} | | | hand-written | |")
+                     f"{(st.jaxpr_flops - none[1]) / 1e12:.3f} | | | | hand-written | |")
     budgets = [(st.peak_bytes, label, st.matmul_flops - none[0]) for label, st in hand[1:]]
     for b, label, hand_extra in sorted(budgets, reverse=True):
         r = autoremat_row(name, b, none, say)
         if r["status"] != "ok":
             lines.append(f"| autoremat at {label} | {b / GiB:.2f} | infeasible (lowest {r['lowest'] / GiB:.2f}) | | | "
-                         f"{r['time']:.0f} | | | |")
+                         f"{r['time']:.0f} | | | | |")
             say(f"  autoremat at {label} ({b / GiB:.2f} GiB): infeasible, lowest {r['lowest'] / GiB:.2f} GiB "
                 f"({r['time']:.0f}s)")
             continue
@@ -230,10 +233,11 @@ def run_model(name: str, say, lines: list) -> None:
             verdict = "no more" if ok else "**MORE**"
         pred = f"{r['predicted'] / GiB:.2f}" if r["predicted"] else ""
         host = f" (+{r['host'] / GiB:.2f} host)" if r["host"] else ""  # offloaded: outside the device peak
-        lines.append(f"| autoremat at {label} | {b / GiB:.2f} | {r['peak'] / GiB:.2f}{host} | {r['extra'] / 1e12:.3f} | "
-                     f"{r['extra_all'] / 1e12:.3f} | {r['time']:.0f} | {pred} | {r['found_by']} | {verdict} |")
+        lines.append(f"| autoremat at {label} | {b / GiB:.2f} | {r['peak'] / GiB:.2f}{host} | "
+                     f"{r['extra'] / 1e12:.3f} | {r['extra_all'] / 1e12:.3f} | {r['time']:.0f} | {r['compiles']} | "
+                     f"{pred} | {r['found_by']} | {verdict} |")
         say(f"  autoremat at {label} ({b / GiB:.2f} GiB): {r['peak'] / GiB:.2f} GiB{host}, "
-            f"+{r['extra'] / 1e12:.2f} TFLOP, {r['time']:.0f}s, {r['found_by']} {verdict}")
+            f"+{r['extra'] / 1e12:.2f} TFLOP, {r['time']:.0f}s ({r['compiles']} compiles), {r['found_by']} {verdict}")
     lines.append("")
 
 
@@ -255,7 +259,9 @@ def main(argv=None) -> int:
             "Compiled peak = argument + output + temp - alias of the compiled `value_and_grad` step; +TFLOP = the "
             "step's jaxpr FLOPs over no remat, of its matmuls and in all (recomputation included, scan bodies "
             "times their trip count). 'vs hand': whether autoremat at that hand-written plan's compiled peak fits "
-            "and recomputes no more matmul FLOPs. "
+            "and recomputes no more matmul FLOPs. 'compiles': the whole-step compiles the planner made for that "
+            "budget (plans compiled for an earlier budget of the model are reused, uncounted; the un-optimized step's "
+            "compile, once per model, is not counted). "
             "autoremat's plan is compiled again by this script; 'predicted' is the chain model's figure for the "
             "plan (empty for hand-written plans it chose); '+N host': bytes its plan offloads to host memory, "
             "outside the device peak.", ""]
