@@ -15,9 +15,9 @@ compiled plan that recomputes the fewest FLOPs.
 * `HandSearch.solver_sets`: the region solver's saved set per layer (`_layer_options`) where a
   line through the policies' compiled peaks predicts it fits and recomputes less.
 * `HandSearch.mix`: for a budget between two of them, the last `k` layers under the faster
-  policy and the rest under the leaner one; `k` from the faster one's compiled peak less a
-  layer's extra saved bytes per leaner layer, then corrected by compiling (the peak grows with
-  `k`, one layer's stored bytes at a time).
+  policy and the rest under the leaner one; `k` from the faster one's compiled peak less what
+  the leaner layers store less (the chain model's peak of each count, for JAX's policies; else
+  a layer's saved bytes), then corrected by compiling (the peak grows with `k`).
 
 FLOPs are the matmul FLOPs of the step's jaxpr (`CompiledStats.matmul_flops`: recomputation
 included, scan bodies times their trip count), relative to the un-optimized step.
@@ -141,9 +141,13 @@ class HandSearch:
     """
 
     def __init__(self, g: Graph, layers: Sequence[Layer], compile: Callable[[Plan, str], HandPlan],
-                 none: HandPlan, say: Callable[[str], None], meta: dict | None = None):
+                 none: HandPlan, say: Callable[[str], None], meta: dict | None = None,
+                 curve: Callable[[object, object], Sequence[int] | None] | None = None):
         self.g, self.traced, self.layers, self.compile, self.say = g, g.traced, tuple(layers), compile, say
         self.meta = dict(meta or {})
+        # (lean, fast) -> the model's peak of the mix with k layers of `fast` last, k = 0..n; or
+        # None (the caller's chain model, for JAX's policies and no remat; not for solver sets)
+        self.curve = curve or (lambda lean, fast: None)
         self.points: dict[str | None, HandPlan] = {None: none}  # option on every layer -> compiled
         self.choice = {None: lambda k: None}  # option -> what layer k gets under it
         self.saved_bytes: dict[str, int] = {}  # option -> bytes it saves over the stack
@@ -256,8 +260,16 @@ class HandSearch:
         (benchmarks/realscale.py): 0.30 GiB per layer between the mixes of Llama's 10.72 GiB
         budget, where 18 layers' saved bytes give 0.33; the line through the two uniform peaks
         instead gave 0.22 and its first count, 5 of the 9 that fit, took four compiles to mend.
-        Without saved bytes for both options (no remat), that line."""
+        Without saved bytes for both options (no remat), that line.  Where the model gives the
+        mix's peak per count (`curve`), its rise from each count to all `fast` instead of the
+        saved bytes: the layers need not be alike (ResNet-50's last 8 of 16 blocks under
+        dots_saveable, the first 8 under dots_with_no_batch_dims_saveable, compile to the latter's
+        peak, 2.38 GiB, where the average layer's saved bytes said no layer of dots_saveable fits;
+        benchmarks/realscale.py)."""
         n, a, b = len(self.layers), self.points[lean], self.points[fast]
+        curve = self.curve(lean, fast)
+        if curve is not None:
+            return max((k for k in range(n) if b.peak - (curve[n] - curve[k]) <= limit), default=0)
         step = (self.saved_bytes.get(fast, 0) - self.saved_bytes.get(lean, 0)) / n
         if lean not in self.saved_bytes or fast not in self.saved_bytes or step <= 0:
             return min(n - 1, int((limit - a.peak) / (b.peak - a.peak) * n))
@@ -282,7 +294,7 @@ class HandSearch:
                 over = k
             if over - max(fit, floor - 1) <= 1:
                 break
-            k = max(floor, _next_count(peaks, fit, over, limit))
+            k = max(floor, _next_count(peaks, fit, over, limit, self.curve(lean, fast)))
         return best
 
 
@@ -292,9 +304,16 @@ def _name(option) -> str:
     return option if option in HAND_POLICIES else f"the solver's {option} set"
 
 
-def _next_count(peaks: dict, fit: int, over: int, limit: int) -> int:
+def _next_count(peaks: dict, fit: int, over: int, limit: int, curve=None) -> int:
     """The next layer count to compile, strictly between `fit` and `over`: where the line
-    through the two compiled peaks nearest the limit crosses it."""
+    through the two compiled peaks nearest the limit crosses it; against the model's peak of
+    each count where there is one (`HandSearch.curve`, rising between them), else against the
+    count (the same for alike layers, where the model's peak rises by one layer's bytes a count;
+    where it is flat over some counts, as over ResNet-50's small last blocks, they go together)."""
     lo, hi = peaks[fit], peaks[over]
+    if curve is not None and curve[over] > curve[fit]:
+        slope = (hi - lo) / (curve[over] - curve[fit])
+        fits = [k for k in range(fit + 1, over) if lo + (curve[k] - curve[fit]) * slope <= limit]
+        return max(fits, default=fit + 1)
     guess = fit + int((limit - lo) / max(hi - lo, 1) * (over - fit))
     return min(over - 1, max(fit + 1, guess))

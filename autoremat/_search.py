@@ -143,6 +143,7 @@ class PlanSearch:
     history: list = field(default_factory=list)
     twins: list = field(default_factory=list)  # `_twin_points`
     compiles: int = 0  # whole-step compiles this search made (at 1B on this CPU, 7-12 s each)
+    curves: dict = field(default_factory=dict)  # `mix_curve`
 
     # The budget is the bar on every backend.  A 2.5% margin off the CPU, set when two compiles
     # of one small example's plan on an H100 came out 0.99 MiB (2.2%) apart
@@ -251,7 +252,7 @@ class PlanSearch:
         if not self.layers:
             return
         none = HandPlan("no remat", None, self.baseline_peak, 0.0)
-        hand = HandSearch(self.g, self.layers, self.compile_hand, none, self.say, self.meta)
+        hand = HandSearch(self.g, self.layers, self.compile_hand, none, self.say, self.meta, curve=self.mix_curve)
         hand.uniform(uniform_plans(self.g, self.layers, self.meta), self.budget)
         key = self.g.traced.signature
         if key not in _LAYER_OPTIONS:  # CP-SAT per distinct layer and cap: once per signature
@@ -259,6 +260,19 @@ class PlanSearch:
         hand.solver_sets(self.budget, _LAYER_OPTIONS[key])
         hand.mix(self.budget)
         self.twins = self._twin_points(hand.points)
+
+    def mix_curve(self, lean, fast) -> list[int] | None:
+        """The model's peak of the mix of two per-layer options (JAX's policies or None, no
+        remat), `lean` on the first layers and `fast` on the last k, for k = 0..n (`HandSearch`
+        finds a mix's layer count on it); None for other options."""
+        kinds = {None: "none", **POLICY_KIND_OF}
+        if lean not in kinds or fast not in kinds:
+            return None
+        if (lean, fast) not in self.curves:
+            m, n, spans = self.model, len(self.layers), [(la.start, la.stop) for la in self.layers]
+            segs = [m.per_span([kinds[lean]] * (n - k) + [kinds[fast]] * k, spans) for k in range(n + 1)]
+            self.curves[(lean, fast)] = None if None in segs else [evaluate(m.raw_problem, sg)[0] for sg in segs]
+        return self.curves[(lean, fast)]
 
     def _twin_points(self, points: dict) -> list[tuple[int, float]]:
         """(compiled peak, compiled / predicted) of each hand-written per-layer policy, against

@@ -207,3 +207,41 @@ def test_the_policies_mix_is_tried_wherever_it_could_beat_a_solver_sets_mix():
     # +6.50 TFLOP needs 12 layers of the faster policy: over the budget, so not one more compile
     assert [label for label in compiled if "nothing_saveable" in label] == [
         "6 layers nothing_saveable, 12 layers dots_with_no_batch_dims_saveable"]
+
+
+def test_a_mix_of_unlike_layers_is_found_on_the_models_peak_per_count():
+    """ResNet-50 (benchmarks/realscale.py): its last 8 of 16 blocks under dots_saveable, the first
+    8 under dots_with_no_batch_dims_saveable, compile to the latter's 2.38 GiB, since its late
+    blocks are small; the average layer's saved bytes said no layer of dots_saveable fits, so the
+    mix was never compiled and autoremat recomputed twice the hand mix.  The chain model's peak
+    per count (flat over the small blocks, here as there) finds it."""
+    from types import SimpleNamespace
+
+    from autoremat.graph._layers import Layer
+
+    mib, n = 2**20, 16
+    lean, fast = "dots_with_no_batch_dims_saveable", "dots_saveable"
+    model = [2195 + max(0, k - 8) * 112 for k in range(n + 1)]  # MiB: flat up to 8 blocks, then rising
+    truth = [2378 + max(0, k - 8) * 80 for k in range(n + 1)]   # compiled: likewise
+    layers = [Layer(i, i + 1, "k") for i in range(n)]
+
+    def search(curve):
+        hand = _hand.HandSearch(SimpleNamespace(traced=None), layers, None, None, lambda m: None, curve=curve)
+        hand.points = {lean: _hand.HandPlan(lean, None, truth[0] * mib, 508e9),
+                       fast: _hand.HandPlan(fast, None, truth[n] * mib, 0.0)}
+        hand.choice = {o: (lambda k, o=o: o) for o in hand.points}
+        hand.saved_bytes = {lean: 0, fast: (truth[n] - truth[0]) * mib}  # all the stack's extra saved bytes
+        compiled = []
+
+        def plan(options, label):
+            k = sum(o == fast for o in options)
+            compiled.append(k)
+            return _hand.HandPlan(label, None, truth[k] * mib, 508e9 * (n - k) / n)
+
+        hand.plan = plan
+        return hand.mix(truth[0] * mib), compiled
+
+    best, compiled = search(lambda a, b: [m * mib for m in model] if (a, b) == (lean, fast) else None)
+    assert best.label == f"8 layers {lean}, 8 layers {fast}"
+    assert compiled == [10, 8, 9]  # first count on the model's rise; 8 on its flat part; 9 shown over
+    assert search(None) == (None, [])  # by saved bytes alone: not one layer of dots_saveable fits

@@ -324,3 +324,11 @@ def test_per_span_is_a_policy_per_layer_in_the_models_terms():
         for sg, la in zip(inside, layers):
             assert all(la.start <= model.blocks[b].start < la.stop for b in range(sg.start, sg.stop))
         assert all(sg.option.name == "none" for sg in segs if sg not in inside)
+        # a kind per layer: the same regions; the last layer saving the matmul outputs instead
+        spans = [(la.start, la.stop) for la in layers]
+        assert model.per_span(["ckpt:recompute"] * len(spans), spans) == segs
+        if spans:  # the transformer's 4 layers (the convnet has none: blocks alone)
+            mixed = model.per_span(["ckpt:recompute"] * (len(spans) - 1) + ["ckpt:save:dots"], spans)
+            assert [(sg.start, sg.stop) for sg in mixed] == [(sg.start, sg.stop) for sg in segs]
+            assert [sg.option.name for sg in mixed if sg.option.name != "none"] == (
+                ["ckpt:recompute"] * (len(spans) - 1) + ["ckpt:save:dots"])

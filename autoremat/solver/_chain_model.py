@@ -129,10 +129,11 @@ class ChainModel:
             name = name.replace("ckpt:", "scan:", 1)
         return next((o for o in self.raw_options.get((i, j), ()) if o.name == name), None)
 
-    def per_span(self, kind: str, spans: Sequence[tuple[int, int]]) -> tuple[Segment, ...] | None:
-        """One region with option `kind` per span of top-level equations `[start, stop)` (the
-        layers `graph.find_layers` found), over the blocks that start inside it; a scan block
-        gets the scan option of the same kind, blocks outside every span are left alone.
+    def per_span(self, kind: str | Sequence[str], spans: Sequence[tuple[int, int]]) -> tuple[Segment, ...] | None:
+        """One region with option `kind` (or `kind[k]` on span k) per span of top-level equations
+        `[start, stop)` (the layers `graph.find_layers` found), over the blocks that start inside
+        it; a scan block gets the scan option of the same kind, blocks outside every span are
+        left alone.
         This is a policy per layer written by hand, in the model's terms (its regions start and
         stop on the block boundaries nearest the layer's).  None if some region lacks that
         option."""
@@ -145,7 +146,7 @@ class ChainModel:
             if k is not None and self.blocks[i].kind != "scan":
                 while j < nb and span_of(self.blocks[j]) == k and self.blocks[j].kind != "scan":
                     j += 1
-            opt = self._option(i, j, "none" if k is None else kind)
+            opt = self._option(i, j, "none" if k is None else kind if isinstance(kind, str) else kind[k])
             if opt is None:
                 return None
             segs.append(Segment(i, j, opt))
