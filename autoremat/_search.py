@@ -46,7 +46,7 @@ from autoremat.solver._chain import evaluate, lowest_peak_segments
 from autoremat.solver._chain_model import ChainModel, build_chain_model
 from autoremat.solver._solve import solve
 
-__all__ = ["PlanSearch", "Planned"]
+__all__ = ["PlanSearch", "Planned", "mix_curve"]
 
 # When a compiled plan leaves more than RAISE_SLACK of the budget unused (the model
 # over-predicted), the solver is asked again with the target raised by the unused part; if
@@ -265,13 +265,8 @@ class PlanSearch:
         """The model's peak of the mix of two per-layer options (JAX's policies or None, no
         remat), `lean` on the first layers and `fast` on the last k, for k = 0..n (`HandSearch`
         finds a mix's layer count on it); None for other options."""
-        kinds = {None: "none", **POLICY_KIND_OF}
-        if lean not in kinds or fast not in kinds:
-            return None
         if (lean, fast) not in self.curves:
-            m, n, spans = self.model, len(self.layers), [(la.start, la.stop) for la in self.layers]
-            segs = [m.per_span([kinds[lean]] * (n - k) + [kinds[fast]] * k, spans) for k in range(n + 1)]
-            self.curves[(lean, fast)] = None if None in segs else [evaluate(m.raw_problem, sg)[0] for sg in segs]
+            self.curves[(lean, fast)] = mix_curve(self.model, self.layers, lean, fast)
         return self.curves[(lean, fast)]
 
     def _twin_points(self, points: dict) -> list[tuple[int, float]]:
@@ -674,6 +669,18 @@ def _uniform_candidates(model: ChainModel) -> list[_Candidate]:
                 cands.append(_Candidate(extra, kind, size, segs, peak, _recompute_flops(segs), offset))
     cands.sort(key=lambda c: c.extra)
     return cands
+
+
+def mix_curve(model: ChainModel, layers, lean, fast) -> list[int] | None:
+    """The chain model's peak of the mix of two per-layer options (JAX's policies by name, or
+    None: no remat), `lean` on the first layers and `fast` on the last k, for k = 0..n; None
+    for other options or where the chain's blocks do not cover the layers."""
+    kinds = {None: "none", **POLICY_KIND_OF}
+    if lean not in kinds or fast not in kinds:
+        return None
+    n, spans = len(layers), [(la.start, la.stop) for la in layers]
+    segs = [model.per_span([kinds[lean]] * (n - k) + [kinds[fast]] * k, spans) for k in range(n + 1)]
+    return None if None in segs else [evaluate(model.raw_problem, sg)[0] for sg in segs]
 
 
 def _recompute_flops(segments) -> float:

@@ -1,0 +1,136 @@
+"""How well is a two-policy mix's compiled peak predicted before compiling it?
+
+`HandSearch` (autoremat/_hand.py) finds how many of the last layers of a stack may take the
+faster of two JAX policies (the rest the leaner one) within a budget; each count it tries is a
+whole-step compile (5-12 s at 1B on this CPU).  Its first count comes from a prediction of the
+mix's peak per count k.  This compiles, for each unrolled realscale.py model and each two
+neighbouring policies, the mixes with k = 1, n/4, n/2, 3n/4, n-1 layers of the faster one
+(written by hand, `jax.checkpoint` per layer), and sets each against three predictions made
+from the two uniform plans' compiled peaks a (k = 0) and b (k = n) and the chain model's peak of
+each count, c(k) (`autoremat._search.mix_curve`):
+
+* fall:   b - (c(n) - c(k))                                  (the model's bytes, from b down)
+* scaled: a + (c(k) - c(0)) * (b - a) / (c(n) - c(0))        (the model's shape, between a and b)
+* linear: a + k / n * (b - a)
+
+    .venv/bin/python benchmarks/mix_counts.py                          # writes results/mix_counts.md
+    .venv/bin/python benchmarks/mix_counts.py --models equinox --out /tmp/m.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import autoremat
+
+autoremat.configure_cpu_flags()
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import realscale  # noqa: E402
+from _common import provenance  # noqa: E402
+
+from autoremat._optimize import _chain, _graph  # noqa: E402
+from autoremat._search import mix_curve  # noqa: E402
+from autoremat.graph._profiles import detect_profile  # noqa: E402
+from autoremat.graph._trace import trace  # noqa: E402
+from autoremat.runtime._validate import compiled_stats  # noqa: E402
+
+GiB = 2**30
+MODELS = ("llama", "gpt", "equinox", "resnet_flax")
+ESTIMATORS = ("fall", "scaled", "linear")
+
+
+def predictions(a: int, b: int, c: list, k: int) -> dict:
+    n = len(c) - 1
+    span = max(c[n] - c[0], 1)
+    return {"fall": b - (c[n] - c[k]), "scaled": a + (c[k] - c[0]) * (b - a) / span, "linear": a + k / n * (b - a)}
+
+
+def model_rows(name: str, say) -> tuple[str, list]:
+    """(description, rows): per pair and count, the compiled peak and each prediction."""
+    fn, args, desc, n = realscale.make_model(name)
+    traced = trace(fn, args, {}, skip_integer_leaves=False)
+    g, layers = _graph(traced, detect_profile(), say)
+    if len(layers) != n:
+        say(f"{name}: {len(layers)} layers found, {n} written: skipped")
+        return desc, []
+    base = compiled_stats(fn, *args).peak_bytes
+    stats_kw = dict(argnums=traced.argnums, static_argnums=(), has_aux=False)
+    model, _ = _chain(fn, g, detect_profile(), False, (args, {}, stats_kw), base, say)
+
+    def peak(pols):
+        hand_fn, hand_args, _, _ = realscale.make_model(name, pols)
+        return compiled_stats(hand_fn, *hand_args).peak_bytes
+
+    uniform = {p: peak([p] * n) for p in realscale.POLICIES}
+    rows = []
+    for lean, fast in zip(realscale.POLICIES, realscale.POLICIES[1:]):
+        a, b = uniform[lean], uniform[fast]
+        curve = mix_curve(model, layers, lean, fast)
+        if curve is None or b <= a:
+            say(f"{name} {lean} / {fast}: {'no curve' if curve is None else 'the faster one is no higher'}: skipped")
+            continue
+        for k in sorted({1, n // 4, n // 2, 3 * n // 4, n - 1}):
+            got = peak([lean] * (n - k) + [fast] * k)
+            rows.append((lean, fast, n, k, got, predictions(a, b, curve, k)))
+            say(f"{name} {n - k} {lean} + {k} {fast}: compiled {got / GiB:.3f} GiB, "
+                + ", ".join(f"{e} {v / GiB:.3f}" for e, v in rows[-1][5].items()))
+    return desc, rows
+
+
+def table(name: str, desc: str, rows: list) -> list[str]:
+    out = [f"### {name}", "", desc, "",
+           "| lean + fast | k of n | compiled GiB | " + " | ".join(f"{e} GiB (error)" for e in ESTIMATORS) + " |",
+           "|---|---|---|" + "---|" * len(ESTIMATORS)]
+    for lean, fast, n, k, got, pred in rows:
+        cells = " | ".join(f"{pred[e] / GiB:.3f} ({(pred[e] - got) / got:+.1%})" for e in ESTIMATORS)
+        out.append(f"| {lean} + {fast} | {k} of {n} | {got / GiB:.3f} | {cells} |")
+    return out + [""]
+
+
+def summary(all_rows: list) -> list[str]:
+    out = ["### Summary", "", "| estimator | mean abs error | worst under | worst over | over-predicted |",
+           "|---|---|---|---|---|"]
+    for e in ESTIMATORS:
+        errs = [(pred[e] - got) / got for *_, got, pred in all_rows]
+        if errs:
+            out.append(f"| {e} | {sum(map(abs, errs)) / len(errs):.2%} | {min(errs):+.1%} | {max(errs):+.1%} | "
+                       f"{sum(x > 0 for x in errs)} of {len(errs)} |")
+    return out + [""]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", nargs="+", default=list(MODELS))
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                                 "mix_counts.md"))
+    a = ap.parse_args(argv)
+    t0 = time.perf_counter()
+
+    def say(m):
+        print(f"{time.perf_counter() - t0:7.1f} {m}", flush=True)
+
+    sections, all_rows = [], []
+    for name in a.models:
+        desc, rows = model_rows(name, say)
+        sections += table(name, desc, rows)
+        all_rows += rows
+    cmd = "python benchmarks/mix_counts.py" + ("" if a.models == list(MODELS) else " --models " + " ".join(a.models))
+    head = ["# A two-policy mix's compiled peak, predicted before compiling it", "",
+            provenance(cmd, (time.perf_counter() - t0) / 60), "",
+            "Compiled peak = argument + output + temp - alias of the compiled `value_and_grad` step of the mix "
+            "written by hand (the first n - k layers under the leaner policy, the last k under the faster). "
+            "Predictions from the uniform plans' compiled peaks a (k = 0), b (k = n) and the chain model's "
+            "peak per count c(k): fall = b - (c(n) - c(k)); scaled = a + (c(k) - c(0)) (b - a) / (c(n) - c(0)); "
+            "linear = a + k/n (b - a).  Error = (predicted - compiled) / compiled.", ""]
+    with open(a.out, "w") as f:
+        f.write("\n".join(head + summary(all_rows) + sections))
+    say(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
