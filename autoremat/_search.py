@@ -573,50 +573,20 @@ class _Steer:
             self.fit_target = max(self.fit_target, target)
             if self.raised >= MAX_RAISES or slack <= RAISE_SLACK * budget or objective <= 0:
                 return None
-            over = self._over_above(history)
-            if over is not None:
-                self.over_target = min(self.over_target or over["target"], over["target"])
-            nxt = target + slack if self.over_target is None else self._between(history)
-            if nxt <= target or (self.over_target is not None
-                                 and self.over_target - self.fit_target <= RAISE_SLACK * budget):
+            over = self.over_target
+            nxt = target + slack if over is None else (self.fit_target + over) // 2
+            if nxt <= target or (over is not None and over - self.fit_target <= RAISE_SLACK * budget):
                 return None
             self.raised += 1
             return nxt
         if have_fit:
-            # A raised target overshot: look between the highest target that fitted and it.
+            # A raised target overshot: bisect between the highest target that fitted and it.
             self.over_target = target if self.over_target is None else min(self.over_target, target)
             if self.raised >= MAX_RAISES or self.over_target - self.fit_target <= RAISE_SLACK * budget:
                 return None
             self.raised += 1
-            return self._between(history)
+            return (self.fit_target + self.over_target) // 2
         return self._step_down(target, compiled, history)
-
-    def _between(self, history: list) -> int:
-        """A target strictly between the highest that fitted and the lowest that overshot:
-        where the line through those two rounds' (predicted, compiled) peaks crosses the budget
-        (the secant step the mix search takes on layer counts), else halfway.  On the 0.74B
-        equinox decoder at a mix's 11.21 GiB (benchmarks/budget_log.py --model equinox), rounds
-        predicted 8.85 and 9.14 GiB compiled to 10.82 and 11.37, 1.9 bytes compiled per byte
-        predicted: raised by the memory left unused, to 9.24 GiB, it compiled to 11.24, over,
-        where the line says 9.05."""
-        lo, hi = self.fit_target, self.over_target
-        fit, over = self._fit(history), self._over_above(history)
-        mid = (lo + hi) // 2
-        if fit is None or over is None or over["compiled"] <= fit["compiled"]:
-            return mid
-        slope = (over["compiled"] - fit["compiled"]) / (over["predicted"] - fit["predicted"])
-        nxt = int(fit["predicted"] + (self.budget - fit["compiled"]) / slope)
-        return nxt if lo < nxt < hi else mid
-
-    def _fit(self, history: list) -> dict | None:
-        """The fitting round predicted highest."""
-        return max((h for h in history if h["compiled"] <= self.budget), key=lambda h: h["predicted"], default=None)
-
-    def _over_above(self, history: list) -> dict | None:
-        """The overshooting round predicted lowest above the fitting round predicted highest."""
-        fit = self._fit(history)
-        return min((h for h in history if fit is not None and h["compiled"] > self.budget
-                    and h["predicted"] > fit["predicted"]), key=lambda h: h["predicted"], default=None)
 
     def _step_down(self, target: int, compiled: int, history: list) -> int | None:
         """The model under-predicted: ask the solver for less.  After two over-budget rounds,

@@ -431,25 +431,3 @@ def test_after_a_fitting_solver_plan_faster_uniform_plans_within_reach_are_compi
     search.twins = [(1000, 1.5)]  # 900 x 1.5 and 1200 x 1.5 are over 1.3 x 1000
     assert search.policy_checks(solver) == solver and compiled == []
 
-
-def test_solver_targets_move_along_the_line_through_the_rounds_around_the_budget():
-    """Phase 3's steering: after a fitting round that left memory unused, the next target is
-    where the line through it and the overshooting round predicted just above it crosses the
-    budget (not the fitting target raised by the unused memory); with no round above it, that
-    raise; a raised target that overshoots is followed by the line's crossing too."""
-    from autoremat import _search
-
-    budget = 1000
-    steer = _search._Steer(budget)
-    history = [{"target": 1000, "predicted": 1000, "compiled": 1200},  # over: stepped down
-               {"target": 800, "predicted": 800, "compiled": 900}]
-    nxt = steer.next(800, 900, objective=1.0, have_fit=True, history=history)
-    # through (800, 900) and (1000, 1200): 1.5 compiled per predicted, 100 left: 800 + 100 / 1.5
-    assert nxt == 866
-    history.append({"target": nxt, "predicted": 866, "compiled": 1010})
-    # through (800, 900) and (866, 1010) now: 800 + 100 * 66 / 110
-    assert steer.next(866, 1010, objective=0.5, have_fit=True, history=history) == 860
-
-    alone = _search._Steer(budget)
-    fit = [{"target": 900, "predicted": 900, "compiled": 950}]
-    assert alone.next(900, 950, objective=1.0, have_fit=True, history=fit) == 950  # raised by the 50 unused
