@@ -262,9 +262,8 @@ class PlanSearch:
         self.twins = self._twin_points(hand.points)
 
     def mix_curve(self, lean, fast) -> list[int] | None:
-        """The model's peak of the mix of two per-layer options (JAX's policies or None, no
-        remat), `lean` on the first layers and `fast` on the last k, for k = 0..n (`HandSearch`
-        finds a mix's layer count on it); None for other options."""
+        """`mix_curve` for this search's model and layers, once per pair (`HandSearch` finds a
+        mix's layer count on it)."""
         if (lean, fast) not in self.curves:
             self.curves[(lean, fast)] = mix_curve(self.model, self.layers, lean, fast)
         return self.curves[(lean, fast)]

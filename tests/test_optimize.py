@@ -430,4 +430,3 @@ def test_after_a_fitting_solver_plan_faster_uniform_plans_within_reach_are_compi
     compiled.clear()
     search.twins = [(1000, 1.5)]  # 900 x 1.5 and 1200 x 1.5 are over 1.3 x 1000
     assert search.policy_checks(solver) == solver and compiled == []
-

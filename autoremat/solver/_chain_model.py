@@ -140,13 +140,14 @@ class ChainModel:
         def span_of(b: Block):
             return next((k for k, (lo, hi) in enumerate(spans) if lo <= b.start < hi), None)
 
+        kinds = [kind] * len(spans) if isinstance(kind, str) else list(kind)
         segs, i, nb = [], 0, self.problem.n_blocks
         while i < nb:
             k, j = span_of(self.blocks[i]), i + 1
             if k is not None and self.blocks[i].kind != "scan":
                 while j < nb and span_of(self.blocks[j]) == k and self.blocks[j].kind != "scan":
                     j += 1
-            opt = self._option(i, j, "none" if k is None else kind if isinstance(kind, str) else kind[k])
+            opt = self._option(i, j, "none" if k is None else kinds[k])
             if opt is None:
                 return None
             segs.append(Segment(i, j, opt))
