@@ -42,8 +42,9 @@ class LayerOption:
 
 
 def ilp_options(g: Graph, layers: Sequence[Layer], *, time_limit: float | None = 2.0) -> list[LayerOption]:
-    """The region solver's saved sets per layer (see the module docstring); none where a layer
-    is a scan (its body's options are the chain solver's) or layers of a kind differ in order."""
+    """The region solver's saved sets per layer (see the module docstring), but for the empty
+    one (`nothing_saveable`); none where a layer is a scan (its body's options are the chain
+    solver's) or layers of a kind differ in order."""
     ops = list(g.ops.values())
     if any(la.stop - la.start == 1 and ops[la.start].primitive == "scan" for la in layers):
         return []
@@ -65,7 +66,11 @@ def ilp_options(g: Graph, layers: Sequence[Layer], *, time_limit: float | None =
             nbytes += sum(g.values[v].nbytes for v in shifted)
             flops += proto_flops
         key = tuple(saved)
-        if key not in seen:
+        # A set empty on every layer is `nothing_saveable`, which `HandSearch.uniform` compiles
+        # as written: as an option of its own it was compiled again, with its mixes (llama 1B
+        # FSDP x TP at nothing_saveable's 3.73 GiB: three of seven compiles, 45 s;
+        # benchmarks/budget_log.py --model llama1b --layout fsdp_tp --only nothing).
+        if key not in seen and any(saved):
             seen.add(key)
             out.append(LayerOption(label, key, nbytes, flops))
     return out

@@ -81,13 +81,15 @@ def test_the_summary_says_what_the_plan_beat():
 
 def test_the_solver_sets_per_layer_are_plans_with_the_original_gradients():
     """`_layer_options.ilp_options`: one saved set per layer for each cap, fewer recomputed
-    matmul FLOPs as the cap grows; applied per layer, the original gradients."""
+    matmul FLOPs as the cap grows, none empty on every layer (that is `nothing_saveable`, a
+    hand-written plan already); applied per layer, the original gradients."""
     from autoremat._layer_options import ilp_options
 
     ex = examples.get_example("transformer")
     g, layers = _layers(ex)
     options = ilp_options(g, layers)
     assert len(options) >= 3 and all(len(o.saved) == len(layers) for o in options)
+    assert all(any(o.saved) for o in options)
     flops = [o.matmul_flops for o in options]
     assert flops == sorted(flops, reverse=True) and flops[0] > flops[-1]
     middle = options[len(options) // 2]
