@@ -12,7 +12,9 @@
    first target is the budget less what the model under-predicted the hand-written plans'
    twins by (`under_prediction`), and it moves with what XLA said (down after an overshoot,
    up into unused memory).  A plan the model says recomputes at least what the best compiled
-   plan does, less MIN_GAIN of the step's FLOPs, is not compiled.
+   plan does, less MIN_GAIN of the step's FLOPs, is not compiled; nor is any round where the
+   solver's plan for the first target, lowered by how far its plans compiled at other budgets
+   came out above their corrected prediction, cannot win (`solver_can_win`).
 4. **policy checks** (`policy_checks`): JAX's policies per block in the model's terms, and
    faster uniform plans the model may have over-predicted, compiled where they could win.
 5. **fallback** (`fallback`): when no solver plan fits: compile-verified uniform plans (the user's
@@ -89,9 +91,9 @@ _COMPILED: dict = {}
 _BY_CONTENT: dict = {}  # (signature, `_plan_content`) -> (peak, extra jaxpr FLOPs, of matmuls)
 _LAYER_OPTIONS: dict = {}  # (fingerprint, argument types) -> `_layer_options.ilp_options`
 # signature -> compiled / prediction corrected like the twins (`under_prediction`), of each solver
-# plan compiled for it: at 1B the solver's plans came out 2-24% above that correction, every
-# first round over its budget (benchmarks/budget_log.py on llama, gpt, equinox and llama1b
-# FSDP x TP), where a plan the model says recomputes less than the best compiled one may win.
+# plan compiled for it (`PlanSearch.solver_can_win`): at 1B the solver's plans came out 2-24%
+# above that correction, every first round over its budget (benchmarks/budget_log.py on llama,
+# gpt, equinox and llama1b FSDP x TP at 7d48a7b).
 _SOLVER_EXCESS: dict = {}
 
 
@@ -303,19 +305,35 @@ class PlanSearch:
         it by.  At 1B the model predicted the per-layer policies' twins 9-34% under their
         compiled peaks (benchmarks/budget_log.py, Llama), so a first round aimed at the budget
         overshot and cost a whole-step compile; aimed lower, equinox's fitting plans came a
-        round sooner.  Lower still by what the solver's plans compiled at other budgets came out
-        above that correction (`_SOLVER_EXCESS`; the least of them): the twins are JAX's
-        policies per layer, the solver's plans are not.  Never above the budget (the rounds
-        raise it into unused memory)."""
+        round sooner.  Never above the budget (the rounds raise it into unused memory)."""
         ratio = self.under_prediction()
         if ratio > 1.0:
             self.say(f"the model predicts the hand-written plans near the budget x{1 / ratio:.2f} of their "
                      f"compiled peaks: the solver aims at {format_bytes(int(self.budget / ratio))}")
-        excess = max(1.0, min(_SOLVER_EXCESS.get(self.sig, [1.0])))
-        if excess > 1.0:
-            self.say(f"the solver's plans compiled for this function at other budgets came out at least "
-                     f"x{excess:.3f} above that: it aims at {format_bytes(int(self.budget / ratio / excess))}")
-        return int(self.budget / ratio / excess)
+        return int(self.budget / ratio)
+
+    def solver_can_win(self, target: int) -> bool:
+        """Whether the solver's plans may beat the compiled plans at all: its plan for `target`
+        lowered by the least that its plans compiled for this function at other budgets came out
+        above their corrected prediction (`_SOLVER_EXCESS`) is the plan likeliest to fit; if that
+        one cannot win (`can_win`), no round is compiled.  (Aiming the first round that low
+        instead spared the same compiles but, on the FSDP x TP decoder at
+        `dots_with_no_batch_dims_saveable`'s 5.07 GiB, led the rounds to a plan recomputing
+        more than the policy itself: benchmarks/sharded.py at 90c5f7f.)"""
+        excess = min(_SOLVER_EXCESS.get(self.sig, [1.0]))
+        if excess <= 1.0:
+            return True
+        try:
+            likely = solve(self.model.problem, int(target / excess), method=self.solver, time_limit=self.time_limit)
+        except InfeasibleBudgetError:
+            return True  # the rounds find out
+        if self.can_win(likely.segments, quiet=True):
+            return True
+        self.say(f"the solver's plans compiled at other budgets came out at least x{excess:.3f} above their "
+                 f"corrected prediction; its plan for {format_bytes(int(target / excess))}, +"
+                 f"{_recompute_flops(likely.segments) / self.share / 1e9:.4g} GFLOP, cannot beat the compiled plans: "
+                 f"no solver round compiled")
+        return False
 
     def probe_offload(self) -> None:
         """Phase 2: does offloading lower XLA's compiled peak here?  Compare the per-block plan
@@ -344,6 +362,8 @@ class PlanSearch:
         """Phase 3: (estimated time, segments, result, how) of the fastest solver plan that
         compiled within the budget, or None; with validate=False, the uncompiled `Planned`."""
         best, target = None, self.first_target()
+        if self.validate and not self.solver_can_win(target):
+            return None
         steer = _Steer(self.budget)
         for rnd in range(self.max_rounds + MAX_RAISES):
             if rnd >= self.max_rounds + steer.raised:

@@ -384,6 +384,35 @@ def test_the_model_is_corrected_by_how_far_it_under_predicted_the_hand_written_p
     assert [t.split()[1] for t in tried] == ["scan:save:name:a"]
 
 
+def test_no_solver_round_where_its_likeliest_plan_cannot_win(monkeypatch):
+    """Where the solver's plans compiled at other budgets came out above their corrected
+    prediction (at 1B, every first round did), its plan for the first target lowered by the
+    least of those excesses is solved: if even that one cannot beat the compiled plans, no round
+    is compiled (Llama and GPT 1B at their `nothing_saveable` peaks: one compile each); if it can,
+    the rounds start from the first target as before.  With no excess recorded, no solve."""
+    from types import SimpleNamespace
+
+    from autoremat import _search
+
+    search = _search_on_mlp_chain(1000, (1e5, 0.0))  # MIN_GAIN of it: 100 FLOPs to win by
+    targets = []
+
+    def solve(problem, target, **kw):
+        targets.append(target)
+        return SimpleNamespace(segments=_segments(float(1000 - target)))  # lower target: more FLOPs
+
+    monkeypatch.setattr(_search, "solve", solve)
+    monkeypatch.setattr(_search, "_best_compiled", lambda sig, limit: SimpleNamespace(measured=500.0))
+    monkeypatch.setattr(_search, "_SOLVER_EXCESS", {})
+    assert search.solver_can_win(800) and targets == []
+    _search._SOLVER_EXCESS[search.sig] = [1.5, 1.25]  # the least: 800 / 1.25 = 640, +360 < 500 - 100
+    assert search.solver_can_win(800) and targets == [640]
+    _search._SOLVER_EXCESS[search.sig] = [2.0]  # 400: +600 FLOPs, more than the compiled 500
+    assert not search.solver_can_win(800) and targets[-1] == 400
+    monkeypatch.setattr(search, "compile_peak", lambda *a, **k: pytest.fail("a round was compiled"))
+    assert search.solver_rounds() is None
+
+
 def test_while_a_plan_fits_the_fallback_tries_the_likeliest_and_stops_at_the_first_over(monkeypatch):
     """The fallback's uniform plans, once a compiled plan fits: those saving the user's tags all,
     then the model's own lowest predicted peak first, none after the first that compiles over
