@@ -323,14 +323,15 @@ class PlanSearch:
         excess = min(_SOLVER_EXCESS.get(self.sig, [1.0]))
         if excess <= 1.0:
             return True
+        lowered = int(target / excess)
         try:
-            likely = solve(self.model.problem, int(target / excess), method=self.solver, time_limit=self.time_limit)
+            likely = solve(self.model.problem, lowered, method=self.solver, time_limit=self.time_limit)
         except InfeasibleBudgetError:
             return True  # the rounds find out
         if self.can_win(likely.segments, quiet=True):
             return True
         self.say(f"the solver's plans compiled at other budgets came out at least x{excess:.3f} above their "
-                 f"corrected prediction; its plan for {format_bytes(int(target / excess))}, +"
+                 f"corrected prediction; its plan for {format_bytes(lowered)}, +"
                  f"{_recompute_flops(likely.segments) / self.share / 1e9:.4g} GFLOP, cannot beat the compiled plans: "
                  f"no solver round compiled")
         return False
