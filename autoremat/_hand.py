@@ -36,7 +36,7 @@ from autoremat.graph._layers import Layer, layer_spans
 from autoremat.graph._trace import describe_eqn
 from autoremat.runtime._plan import Plan, Region, ScanPlan, ValueRecord
 
-__all__ = ["HAND_POLICIES", "HandPlan", "HandSearch", "layer_plan", "mix_peak_bound", "uniform_plans"]
+__all__ = ["HAND_POLICIES", "HandPlan", "HandSearch", "layer_plan", "uniform_plans"]
 
 # JAX's built-in policies a person applies per layer, leanest first.
 HAND_POLICIES = ("nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_saveable")
@@ -51,10 +51,6 @@ MAX_SET_COMPILES = 2
 # dots_with_no_batch_dims_saveable's peaks gave 0.22 GiB per layer, the compiled mixes 0.28;
 # secant steps then a bisection settle 18 layers within 5 compiles (log2 18 < 5).
 MAX_MIX_STEPS = 5
-# A count is taken as over without compiling it only where the convex bound of its peak
-# (`mix_peak_bound`) is over the budget by more than this fraction.  Set by
-# benchmarks/mix_counts.py (results/mix_counts.md, 'bound' column): PLACEHOLDER
-BOUND_SLACK = 0.001
 
 
 @dataclass(frozen=True)
@@ -282,55 +278,24 @@ class HandSearch:
     def _settle(self, lean, fast, k: int, limit: int, floor: int = 1) -> HandPlan | None:
         """The largest count of `fast` layers, at least `floor`, that compiles within `limit`,
         from `k`: a secant step on the compiled peaks (peak per layer of `fast`) while it fits,
-        a bisection once one count fits and a larger one does not; no count below `floor`.
-        Where the layers are alike, a count whose peak the compiled counts bound over `limit`
-        (`mix_peak_bound`) is not compiled."""
+        a bisection once one count fits and a larger one does not; no count below `floor`."""
         n = len(self.layers)
-        peaks = {0: self.points[lean].peak, n: self.points[fast].peak}  # compiled
-        guesses = dict(peaks)  # and the bounds of the counts not compiled, for the secant
-        alike = len({layer.key for layer in self.layers}) == 1
-        fit, over, best, steps = 0, n, None, 0  # largest count known to fit, smallest known over
-        while steps < MAX_MIX_STEPS:
-            label = f"{n - k} layers {_name(lean)}, {k} layers {_name(fast)}"
-            low = mix_peak_bound(peaks, k) if alike else None
-            if low is not None and low > limit * (1 + BOUND_SLACK):
-                self.say(f"hand-written mix, {label}: at least {format_bytes(int(low))} by the convexity of "
-                         f"the peak in the count (the compiled counts {sorted(set(peaks) - {0})}): not compiled")
-                guesses[k], over = int(low), k
+        peaks = {0: self.points[lean].peak, n: self.points[fast].peak}
+        fit, over, best = 0, n, None  # largest count known to fit, smallest known over
+        for _ in range(MAX_MIX_STEPS):
+            got = self.plan([self.choice[lean](i) for i in range(n - k)]
+                            + [self.choice[fast](i) for i in range(n - k, n)],
+                            f"{n - k} layers {_name(lean)}, {k} layers {_name(fast)}")
+            self.say(f"hand-written mix, {got.label}: compiled {format_bytes(got.peak)}")
+            peaks[k] = got.peak
+            if got.peak <= limit:
+                fit, best = k, got
             else:
-                got = self.plan([self.choice[lean](i) for i in range(n - k)]
-                                + [self.choice[fast](i) for i in range(n - k, n)], label)
-                self.say(f"hand-written mix, {got.label}: compiled {format_bytes(got.peak)}")
-                steps += 1
-                peaks[k] = guesses[k] = got.peak
-                if got.peak <= limit:
-                    fit, best = k, got
-                else:
-                    over = k
+                over = k
             if over - max(fit, floor - 1) <= 1:
                 break
-            k = max(floor, _next_count(guesses, fit, over, limit, self.curve(lean, fast)))
+            k = max(floor, _next_count(peaks, fit, over, limit, self.curve(lean, fast)))
         return best
-
-
-def mix_peak_bound(peaks: dict[int, int], k: int) -> float | None:
-    """A lower bound on the compiled peak of the mix with `k` layers of the faster option, from
-    the compiled peaks of other counts (`peaks`: count -> peak) of the same pair on alike
-    layers; None if there are not two compiled counts on one side of `k`.
-
-    By the chain formula (`solver/_chain.py`) the peak of n alike layers with the last `k` under
-    the faster option is, for k >= 1, the larger of (n - k) s_lean + (k - 1) s_fast + b_fast
-    (the first faster layer running backward) and (n - k - 1) s_lean + b_lean (the last leaner
-    one): a maximum of lines in `k`, so convex, and the line through two counts on one side of
-    `k` passes below it at `k`.  Count 0 is the leaner option alone, off that curve (no faster
-    layer: a jump of b_fast - b_lean at k = 1), and is not used.  `benchmarks/mix_counts.py`
-    checks the bound against compiled mixes of the 1B decoders (results/mix_counts.md)."""
-    left = sorted(c for c in peaks if 1 <= c < k)[-2:]
-    right = sorted(c for c in peaks if c > k)[:2]
-    bounds = []
-    for i, j in (p for p in (left, right) if len(p) == 2):
-        bounds.append(peaks[j] + (k - j) * (peaks[j] - peaks[i]) / (j - i))  # the line through i and j
-    return max(bounds, default=None)
 
 
 def _name(option) -> str:

@@ -12,10 +12,6 @@ each count, c(k) (`autoremat._search.mix_curve`):
 * fall:   b - (c(n) - c(k))                                  (the model's bytes, from b down)
 * scaled: a + (c(k) - c(0)) * (b - a) / (c(n) - c(0))        (the model's shape, between a and b)
 * linear: a + k / n * (b - a)
-* bound:  `autoremat._hand.mix_peak_bound`, a lower bound from the compiled peaks of the pair's
-          other counts (b included): the line through the two nearest counts on one side of k.
-          `HandSearch._settle` takes a count as over without compiling it where this bound is
-          over the budget by more than `BOUND_SLACK`; its worst "over" is what that slack must cover.
 
     .venv/bin/python benchmarks/mix_counts.py                          # writes results/mix_counts.md
     .venv/bin/python benchmarks/mix_counts.py --models equinox --out /tmp/m.md
@@ -37,7 +33,6 @@ import realscale  # noqa: E402
 from _common import provenance  # noqa: E402
 
 from autoremat._optimize import _chain, _graph  # noqa: E402
-from autoremat._hand import mix_peak_bound  # noqa: E402
 from autoremat._search import mix_curve  # noqa: E402
 from autoremat.graph._profiles import detect_profile  # noqa: E402
 from autoremat.graph._trace import trace  # noqa: E402
@@ -45,7 +40,7 @@ from autoremat.runtime._validate import compiled_stats  # noqa: E402
 
 GiB = 2**30
 MODELS = ("llama", "gpt", "equinox", "resnet_flax")
-ESTIMATORS = ("fall", "scaled", "linear", "bound")
+ESTIMATORS = ("fall", "scaled", "linear")
 
 
 def predictions(a: int, b: int, c: list, k: int) -> dict:
@@ -78,13 +73,11 @@ def model_rows(name: str, say) -> tuple[str, list]:
         if curve is None or b <= a:
             say(f"{name} {lean} / {fast}: {'no curve' if curve is None else 'the faster one is no higher'}: skipped")
             continue
-        counts = {n: b}
         for k in sorted({1, n // 4, n // 2, 3 * n // 4, n - 1}):
-            counts[k] = peak([lean] * (n - k) + [fast] * k)
-            say(f"{name} {n - k} {lean} + {k} {fast}: compiled {counts[k] / GiB:.3f} GiB")
-        for k in sorted(set(counts) - {n}):
-            others = {c: v for c, v in counts.items() if c != k}
-            rows.append((lean, fast, n, k, counts[k], {**predictions(a, b, curve, k), "bound": mix_peak_bound(others, k)}))
+            got = peak([lean] * (n - k) + [fast] * k)
+            rows.append((lean, fast, n, k, got, predictions(a, b, curve, k)))
+            say(f"{name} {n - k} {lean} + {k} {fast}: compiled {got / GiB:.3f} GiB, "
+                + ", ".join(f"{e} {v / GiB:.3f}" for e, v in rows[-1][5].items()))
     return desc, rows
 
 
@@ -93,8 +86,7 @@ def table(name: str, desc: str, rows: list) -> list[str]:
            "| lean + fast | k of n | compiled GiB | " + " | ".join(f"{e} GiB (error)" for e in ESTIMATORS) + " |",
            "|---|---|---|" + "---|" * len(ESTIMATORS)]
     for lean, fast, n, k, got, pred in rows:
-        cells = " | ".join("" if pred[e] is None else f"{pred[e] / GiB:.3f} ({(pred[e] - got) / got:+.2%})"
-                           for e in ESTIMATORS)
+        cells = " | ".join(f"{pred[e] / GiB:.3f} ({(pred[e] - got) / got:+.1%})" for e in ESTIMATORS)
         out.append(f"| {lean} + {fast} | {k} of {n} | {got / GiB:.3f} | {cells} |")
     return out + [""]
 
@@ -103,9 +95,9 @@ def summary(all_rows: list) -> list[str]:
     out = ["### Summary", "", "| estimator | mean abs error | worst under | worst over | over-predicted |",
            "|---|---|---|---|---|"]
     for e in ESTIMATORS:
-        errs = [(pred[e] - got) / got for *_, got, pred in all_rows if pred[e] is not None]
+        errs = [(pred[e] - got) / got for *_, got, pred in all_rows]
         if errs:
-            out.append(f"| {e} | {sum(map(abs, errs)) / len(errs):.2%} | {min(errs):+.2%} | {max(errs):+.2%} | "
+            out.append(f"| {e} | {sum(map(abs, errs)) / len(errs):.2%} | {min(errs):+.1%} | {max(errs):+.1%} | "
                        f"{sum(x > 0 for x in errs)} of {len(errs)} |")
     return out + [""]
 
@@ -133,9 +125,7 @@ def main(argv=None) -> int:
             "written by hand (the first n - k layers under the leaner policy, the last k under the faster). "
             "Predictions from the uniform plans' compiled peaks a (k = 0), b (k = n) and the chain model's "
             "peak per count c(k): fall = b - (c(n) - c(k)); scaled = a + (c(k) - c(0)) (b - a) / (c(n) - c(0)); "
-            "linear = a + k/n (b - a); bound = the line through the two nearest other compiled counts (b "
-            "included) on one side of k, a lower bound where the peak is convex in k (`autoremat._hand.mix_peak_bound`; "
-            "empty where there are not two).  Error = (predicted - compiled) / compiled.", ""]
+            "linear = a + k/n (b - a).  Error = (predicted - compiled) / compiled.", ""]
     with open(a.out, "w") as f:
         f.write("\n".join(head + summary(all_rows) + sections))
     say(f"wrote {a.out}")

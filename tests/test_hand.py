@@ -225,9 +225,9 @@ def test_a_mix_of_unlike_layers_is_found_on_the_models_peak_per_count():
     lean, fast = "dots_with_no_batch_dims_saveable", "dots_saveable"
     model = [2195 + max(0, k - 8) * 112 for k in range(n + 1)]  # MiB: flat up to 8 blocks, then rising
     truth = [2378 + max(0, k - 8) * 80 for k in range(n + 1)]   # compiled: likewise
-    layers = [Layer(i, i + 1, f"block {i}") for i in range(n)]  # unlike: no bound by convexity
+    layers = [Layer(i, i + 1, "k") for i in range(n)]
 
-    def search(curve, layers=layers):
+    def search(curve):
         hand = _hand.HandSearch(SimpleNamespace(traced=None), layers, None, None, lambda m: None, curve=curve)
         hand.points = {lean: _hand.HandPlan(lean, None, truth[0] * mib, 508e9),
                        fast: _hand.HandPlan(fast, None, truth[n] * mib, 0.0)}
@@ -247,30 +247,3 @@ def test_a_mix_of_unlike_layers_is_found_on_the_models_peak_per_count():
     assert best.label == f"8 layers {lean}, 8 layers {fast}"
     assert compiled == [10, 8, 9]  # first count on the model's rise; 8 on its flat part; 9 shown over
     assert search(None) == (None, [])  # by saved bytes alone: not one layer of dots_saveable fits
-
-    # Alike layers: the peak is convex in the count, so 10's and 16's peaks bound 9's over the
-    # budget (2378 + 160 - 80 MiB) and 9 is not compiled.
-    alike = [Layer(i, i + 1, "k") for i in range(n)]
-    best, compiled = search(lambda a, b: [m * mib for m in model] if (a, b) == (lean, fast) else None, alike)
-    assert best.label == f"8 layers {lean}, 8 layers {fast}" and compiled == [10, 8]
-
-
-def test_the_bound_on_a_mix_peak_is_below_every_convex_curve_through_its_points():
-    """`mix_peak_bound`: from two compiled counts on one side, the line through them, never above
-    a peak that is a maximum of lines in the count (the chain formula); count 0 is not used."""
-    from hypothesis import given, strategies as st
-
-    @given(st.lists(st.tuples(st.integers(-50, 50), st.integers(0, 500)), min_size=1, max_size=3),
-           st.sets(st.integers(1, 24), min_size=2, max_size=6), st.integers(1, 23))
-    def check(lines, counts, k):
-        def peak(c):
-            return max(s * c + b for s, b in lines)
-        known = {c: peak(c) for c in counts if c != k}
-        known[0] = 10**6  # off the curve: must be ignored
-        low = _hand.mix_peak_bound(known, k)
-        assert low is None or low <= peak(k) + 1e-6
-        if len([c for c in known if 1 <= c < k]) < 2 and len([c for c in known if c > k]) < 2:
-            assert low is None
-
-    check()
-    assert _hand.mix_peak_bound({0: 0, 6: 1319, 9: 1366, 24: 1600}, 7) == 1366 - 2 * (1600 - 1366) / 15
