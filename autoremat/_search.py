@@ -162,6 +162,9 @@ class PlanSearch:
         t = self.g.traced
         self.sig = (t.signature, self.model.none_scale)
         self.share = self.g.device_share()  # the model's FLOPs are per device, compiled ones global
+        if self.share < 1.0:
+            self.say(f"sharded: one device does {self.share:.3f} of the step's FLOPs (the model counts them "
+                     f"per device, compiled steps in all)")
 
     def run(self) -> Planned:
         if self.validate:
@@ -204,15 +207,18 @@ class PlanSearch:
 
     def compile_peak(self, segments, how: str = "", result=None) -> int:
         """The compiled peak of the plan of `segments` (compiled once per process)."""
-        m = self.model
-        # Equation ranges, not block indices: the block variants index blocks differently.
-        key = tuple((m.blocks[sg.start].start, m.blocks[sg.stop - 1].stop, sg.option.name) for sg in segments)
+        m, key = self.model, self.segments_key(segments)
         if key not in self.tried:
             p = to_plan(m, segments, budget=self.budget, result=result, meta={**self.meta, "found_by": how})
             peak, extra = evaluate(m.raw_problem, segments)
             self.compile_once(key, replace(p, predicted_peak=peak, estimated_extra_time=extra), extra,
                               _recompute_flops(segments))
         return self.tried[key]
+
+    def segments_key(self, segments) -> tuple:
+        """Equation ranges, not block indices: the block variants index blocks differently."""
+        m = self.model
+        return tuple((m.blocks[sg.start].start, m.blocks[sg.stop - 1].stop, sg.option.name) for sg in segments)
 
     def compile_hand(self, plan: Plan, label: str) -> HandPlan:
         """A hand-written plan, compiled; its estimated extra time is the roofline time of the
@@ -388,8 +394,11 @@ class PlanSearch:
                 compiled / max(result.peak_bytes * self.under_prediction(), 1.0))
             self.history.append({"round": rnd + 1, "target": target, "predicted": result.peak_bytes,
                                  "compiled": compiled, "segments": result.segments})
+            measured = _COMPILED[(self.sig, self.segments_key(result.segments))].measured
             self.say(f"round {rnd + 1}: " + (f"the plan of round {same} again" if same else "compiled peak")
-                     + f" {format_bytes(compiled)} ({'fits' if compiled <= self.budget else 'over budget'})")
+                     + f" {format_bytes(compiled)} ({'fits' if compiled <= self.budget else 'over budget'}), "
+                     f"+{measured / 1e9:.4g} GFLOP recomputed (the model: "
+                     f"+{_recompute_flops(result.segments) / self.share / 1e9:.4g})")
             if compiled <= self.budget and (best is None or result.objective < best[0]):
                 best = (result.objective, result.segments, result, f"solver round {rnd + 1}")
             target = steer.next(target, compiled, result.objective, best is not None, self.history)
