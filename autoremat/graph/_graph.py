@@ -292,8 +292,12 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
         bodies = _bodies(eqn, oid, prof, in_d, [div[x] if x else 1.0 for x in in_ids], multiplicity,
                          per_body.get(idx))
         cost = eqn_cost(eqn)
-        if out_div > 1:
-            cost = cost.scale(1.0 / out_div)
+        # The work is split like the most split operand or result: a matmul whose contracting
+        # dimension is split (row-parallel under tensor parallelism) does 1/8 of its FLOPs on
+        # each of 8 devices, while its partial sums are reduced into an output split fewer ways.
+        work_div = max([out_div, *in_dv])
+        if work_div > 1:
+            cost = cost.scale(1.0 / work_div)
         dtype = str(eqn.outvars[0].aval.dtype) if eqn.outvars and hasattr(eqn.outvars[0].aval, "dtype") else "float32"
         ops[oid] = OpInfo(
             id=oid, index=idx, primitive=primitive_label(eqn),
