@@ -346,16 +346,21 @@ _SHARDED_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_sharded_bytes_are_per_device():
+def _on_8_host_devices(script: str) -> dict:
+    """What `script` prints after "RESULT" (JSON), run in a fresh process with 8 CPU devices."""
     env = dict(os.environ)
     env["XLA_FLAGS"] = " ".join(["--xla_force_host_platform_device_count=8", *CPU_XLA_FLAGS])
     env["JAX_PLATFORMS"] = "cpu"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", _SHARDED_SCRIPT], env=env, cwd=root,
+    proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=root,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.split("RESULT", 1)[1])
+    return json.loads(proc.stdout.split("RESULT", 1)[1])
+
+
+def test_sharded_bytes_are_per_device():
+    out = _on_8_host_devices(_SHARDED_SCRIPT)
     vals = out["values"]
     w, w2, x = (vals[i] for i in out["inputs"])
     assert w[0] == 32 * 64 * 4 and w2[0] == 64 * 16 * 4  # replicated parameters: full size
@@ -399,15 +404,7 @@ def test_a_row_parallel_matmul_does_an_eighth_of_its_work_per_device():
     the llama 1B decoder sharded FSDP x TP (benchmarks/sharded.py) came to 0.156 of the step's
     FLOPs per device, where its solver plans' recomputation compiled at 0.125 of the model's
     count, so plans that could not win were compiled."""
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = " ".join(["--xla_force_host_platform_device_count=8", *CPU_XLA_FLAGS])
-    env["JAX_PLATFORMS"] = "cpu"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", _ROW_PARALLEL_SCRIPT], env=env, cwd=root,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.split("RESULT", 1)[1])
+    out = _on_8_host_devices(_ROW_PARALLEL_SCRIPT)
     assert out["flops"] == 2 * 64 * 32 * 16 / 8
     assert out["out_bytes"] == 64 * 16 * 4 // 2  # the output: split by rows only
 

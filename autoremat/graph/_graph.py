@@ -291,13 +291,7 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
         res = eqn_residuals(eqn, in_d) if any_d and live[idx] else EqnResiduals((False,) * len(in_ids), (False,) * len(out_ids), 0)
         bodies = _bodies(eqn, oid, prof, in_d, [div[x] if x else 1.0 for x in in_ids], multiplicity,
                          per_body.get(idx))
-        cost = eqn_cost(eqn)
-        # The work is split like the most split operand or result: a matmul whose contracting
-        # dimension is split (row-parallel under tensor parallelism) does 1/8 of its FLOPs on
-        # each of 8 devices, while its partial sums are reduced into an output split fewer ways.
-        work_div = max([out_div, *in_dv])
-        if work_div > 1:
-            cost = cost.scale(1.0 / work_div)
+        cost = _per_device_cost(eqn, max([out_div, *in_dv]))
         dtype = str(eqn.outvars[0].aval.dtype) if eqn.outvars and hasattr(eqn.outvars[0].aval, "dtype") else "float32"
         ops[oid] = OpInfo(
             id=oid, index=idx, primitive=primitive_label(eqn),
@@ -313,6 +307,15 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
             values[vid] = _replace(values[vid], name=name)
     outputs = tuple(var_id[id(v)] for v in jaxpr.outvars if not isinstance(v, jex.core.Literal))
     return Graph(values, ops, tuple(inputs), outputs, prof, prefix)
+
+
+def _per_device_cost(eqn, work_div: float):
+    """`eqn`'s cost on one device, its work split `work_div` ways: like its most split operand or
+    result, since a matmul whose contracting dimension is split (row-parallel under tensor
+    parallelism) does 1/8 of its FLOPs on each of 8 devices while its partial sums are reduced
+    into an output split fewer ways (docs/FINDINGS.md, ninth session)."""
+    cost = eqn_cost(eqn)
+    return cost.scale(1.0 / work_div) if work_div > 1 else cost
 
 
 def _split_divisors(out_div: dict) -> tuple[dict, dict[int, dict]]:
