@@ -4,8 +4,10 @@
 faster of two JAX policies (the rest the leaner one) within a budget; each count it tries is a
 whole-step compile (5-12 s at 1B on this CPU).  Its first count comes from a prediction of the
 mix's peak per count k.  This compiles, for each unrolled realscale.py model and each two
-neighbouring policies, the mixes with k = 1, n/4, n/2, 3n/4, n-1 layers of the faster one
-(written by hand, `jax.checkpoint` per layer), and sets each against three predictions made
+neighbouring policies, the mixes with k = 1, 2, 3, n/4, n/2, 3n/4, n-1 layers of the faster one
+(written by hand, `jax.checkpoint` per layer; the small counts because near them the leaner
+layers stop setting the peak, and there XLA's peak is not even monotone in k: docs/FINDINGS.md,
+ninth session), and sets each against three predictions made
 from the two uniform plans' compiled peaks a (k = 0) and b (k = n) and the chain model's peak of
 each count, c(k) (`autoremat._search.mix_curve`):
 
@@ -73,7 +75,7 @@ def model_rows(name: str, say) -> tuple[str, list]:
         if curve is None or b <= a:
             say(f"{name} {lean} / {fast}: {'no curve' if curve is None else 'the faster one is no higher'}: skipped")
             continue
-        for k in sorted({1, n // 4, n // 2, 3 * n // 4, n - 1}):
+        for k in sorted({1, 2, 3, n // 4, n // 2, 3 * n // 4, n - 1}):
             got = peak([lean] * (n - k) + [fast] * k)
             rows.append((lean, fast, n, k, got, predictions(a, b, curve, k)))
             say(f"{name} {n - k} {lean} + {k} {fast}: compiled {got / GiB:.3f} GiB, "
