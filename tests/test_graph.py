@@ -401,9 +401,10 @@ _ROW_PARALLEL_SCRIPT = textwrap.dedent("""
 def test_a_row_parallel_matmul_does_an_eighth_of_its_work_per_device():
     """Its contracting dimension split 4 ways and its rows 2 ways, each of 8 devices does 1/8 of
     the FLOPs, though the summed output is split 2 ways only.  Counted by the output's split,
-    the llama 1B decoder sharded FSDP x TP (benchmarks/sharded.py) came to 0.156 of the step's
-    FLOPs per device, where its solver plans' recomputation compiled at 0.125 of the model's
-    count, so plans that could not win were compiled."""
+    one device of the llama 1B decoder sharded FSDP x TP did 0.156 of the step's FLOPs, and its
+    solver rounds compiled 1.25 times the recomputation the model counted, so rounds that could
+    not win were compiled (benchmarks/budget_log.py --model llama1b --layout fsdp_tp at 7553696;
+    docs/FINDINGS.md, ninth session)."""
     out = _on_8_host_devices(_ROW_PARALLEL_SCRIPT)
     assert out["flops"] == 2 * 64 * 32 * 16 / 8
     assert out["out_bytes"] == 64 * 16 * 4 // 2  # the output: split by rows only
