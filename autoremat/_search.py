@@ -207,18 +207,19 @@ class PlanSearch:
 
     def compile_peak(self, segments, how: str = "", result=None) -> int:
         """The compiled peak of the plan of `segments` (compiled once per process)."""
-        m, key = self.model, self.segments_key(segments)
+        return self.compile_segments(segments, how, result).peak
+
+    def compile_segments(self, segments, how: str = "", result=None) -> _Compiled:
+        """The plan of `segments`, compiled once per process."""
+        m = self.model
+        # Equation ranges, not block indices: the block variants index blocks differently.
+        key = tuple((m.blocks[sg.start].start, m.blocks[sg.stop - 1].stop, sg.option.name) for sg in segments)
         if key not in self.tried:
             p = to_plan(m, segments, budget=self.budget, result=result, meta={**self.meta, "found_by": how})
             peak, extra = evaluate(m.raw_problem, segments)
-            self.compile_once(key, replace(p, predicted_peak=peak, estimated_extra_time=extra), extra,
-                              _recompute_flops(segments))
-        return self.tried[key]
-
-    def segments_key(self, segments) -> tuple:
-        """Equation ranges, not block indices: the block variants index blocks differently."""
-        m = self.model
-        return tuple((m.blocks[sg.start].start, m.blocks[sg.stop - 1].stop, sg.option.name) for sg in segments)
+            return self.compile_once(key, replace(p, predicted_peak=peak, estimated_extra_time=extra), extra,
+                                     _recompute_flops(segments))
+        return _COMPILED[(self.sig, key)]
 
     def compile_hand(self, plan: Plan, label: str) -> HandPlan:
         """A hand-written plan, compiled; its estimated extra time is the roofline time of the
@@ -389,15 +390,15 @@ class PlanSearch:
             if not self.can_win(result.segments):
                 break
             same = next((h["round"] for h in self.history if h["segments"] == result.segments), None)
-            compiled = self.compile_peak(result.segments, f"solver round {rnd + 1}", result)
+            got = self.compile_segments(result.segments, f"solver round {rnd + 1}", result)
+            compiled = got.peak
             _SOLVER_EXCESS.setdefault(self.sig, []).append(
                 compiled / max(result.peak_bytes * self.under_prediction(), 1.0))
             self.history.append({"round": rnd + 1, "target": target, "predicted": result.peak_bytes,
                                  "compiled": compiled, "segments": result.segments})
-            measured = _COMPILED[(self.sig, self.segments_key(result.segments))].measured
             self.say(f"round {rnd + 1}: " + (f"the plan of round {same} again" if same else "compiled peak")
                      + f" {format_bytes(compiled)} ({'fits' if compiled <= self.budget else 'over budget'}), "
-                     f"+{measured / 1e9:.4g} GFLOP recomputed (the model: "
+                     f"+{got.measured / 1e9:.4g} GFLOP recomputed (the model: "
                      f"+{_recompute_flops(result.segments) / self.share / 1e9:.4g})")
             if compiled <= self.budget and (best is None or result.objective < best[0]):
                 best = (result.objective, result.segments, result, f"solver round {rnd + 1}")

@@ -409,7 +409,7 @@ def test_no_solver_round_where_its_likeliest_plan_cannot_win(monkeypatch):
     assert search.solver_can_win(800) and targets == [640]
     _search._SOLVER_EXCESS[search.sig] = [2.0]  # 400: +600 FLOPs, more than the compiled 500
     assert not search.solver_can_win(800) and targets[-1] == 400
-    monkeypatch.setattr(search, "compile_peak", lambda *a, **k: pytest.fail("a round was compiled"))
+    monkeypatch.setattr(search, "compile_segments", lambda *a, **k: pytest.fail("a round was compiled"))
     assert search.solver_rounds() is None
 
 
