@@ -417,7 +417,9 @@ def test_while_a_plan_fits_the_fallback_tries_the_likeliest_and_stops_at_the_fir
     """The fallback's uniform plans, once a compiled plan fits: those saving the user's tags all,
     then the model's own lowest predicted peak first, none after the first that compiles over
     budget (at 1B each is a 6-7 s compile and none fitted where a hand-written plan did).  While
-    nothing fits, every one is tried, fastest first."""
+    nothing fits, every one is tried, fastest first; either way, of the model's plans only those
+    within reach once corrected like the twins (below the 1B Llama's reach, 18 compiles of plans
+    predicted at most x0.66 of what they came to)."""
     from types import SimpleNamespace
 
     from autoremat import _search
@@ -438,6 +440,26 @@ def test_while_a_plan_fits_the_fallback_tries_the_likeliest_and_stops_at_the_fir
     monkeypatch.setattr(_search, "_best_compiled", lambda sig, limit: None)
     assert search._try_pool("next") is None
     assert [t.split()[1] for t in tried] == ["fast", "lean", "middle", "scan:save:name:a", "scan:save:name:b"]
+    tried.clear()
+    search.twins = [(1000, 1.4)]  # 900 x 1.4 is within 1.3 x 1000; 1000 x 1.4 and 1200 x 1.4 are not
+    assert search._try_pool("next") is None
+    assert [t.split()[1] for t in tried] == ["lean", "scan:save:name:a", "scan:save:name:b"]
+
+
+def test_the_fallbacks_own_plans_out_of_reach_are_not_compiled():
+    """The chain's lowest-peak plan (and a rebuilt chain's plan for the budget) is compiled only
+    if its predicted peak, corrected like the hand-written plans' twins, is within UNIFORM_REACH
+    of the budget: below the 1B Llama's reach they were compiled over and over."""
+    from autoremat.solver._chain import evaluate, lowest_peak_segments
+
+    search = _search_on_mlp_chain(1000, (1e9, 0.0))
+    low = lowest_peak_segments(search.model.problem)
+    search.budget = evaluate(search.model.raw_problem, low)[0]
+    assert search.in_reach(low)
+    search.twins = [(search.budget, 1.25)]
+    assert search.in_reach(low)
+    search.twins = [(search.budget, 1.35)]
+    assert not search.in_reach(low)
 
 
 def test_after_a_fitting_solver_plan_faster_uniform_plans_within_reach_are_compiled(monkeypatch):
