@@ -501,8 +501,9 @@ class PlanSearch:
         plan did).  (The tags' plans are not ordered by the model: on the small scan transformer
         they won at three budgets, predicted above plans that compiled over.)  While nothing
         fits, all of them, fastest first.  Either way, not the model's plans out of reach
-        (`_likely`): below the 1B Llama decoder's reach (8 GiB, its nothing_saveable per layer
-        at 9.47) all 18 were compiled, 7 s each, predicted at most x0.66 of what they came to."""
+        (`_likely`): below the 1B Llama decoder's reach, where the model predicts the policies
+        x0.66 of their compiled peaks, the fallback had compiled 18 of them over budget (25
+        compiles, 264 s: benchmarks/infeasible.py at c949bc3; 6 at 9a7cab3)."""
         settled = _best_compiled(self.sig, self.budget) is not None
         chosen = self._fallback_pool(variant)
         if settled:
@@ -534,8 +535,8 @@ class PlanSearch:
         """What the model's predicted peaks are multiplied by: `under_prediction`, and the least
         that this search's compiled segment plans came out above their prediction so corrected
         (`excess`), where all did.  On ResNet-50 below its reach (benchmarks/infeasible.py at
-        9a7cab3) the twins said x1.08 and every plan of the model's compiled 1.4-1.6 times above
-        that: 13 compiles where the first two showed it."""
+        029b9c6) the twins said x1.08 and every plan of the model's compiled 1.4-1.6 times above
+        that: 17 compiles in 244 s, where 6 showed the same (102 s at 4cdb333)."""
         return self.under_prediction() * max(1.0, min(self.excess, default=1.0))
 
     def corrected(self, c) -> float:
