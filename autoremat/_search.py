@@ -480,7 +480,9 @@ class PlanSearch:
                     return found
             low = lowest_peak_segments(self.model.problem)
             how = f"lowest predicted peak, blocks merged {variant}"
-            if self.can_win(low) and self.in_reach(low):
+            # out of reach or not, the lowest-peak plan is compiled if nothing was: an
+            # infeasible answer names the lowest compiled peak
+            if self.can_win(low) and (not self.tried or self.in_reach(low)):
                 peak = self.compile_peak(low, how)
                 if peak <= self.budget:
                     return self.accept(low, None, how)

@@ -462,6 +462,18 @@ def test_the_fallbacks_own_plans_out_of_reach_are_not_compiled():
     assert not search.in_reach(low)
 
 
+def test_an_infeasible_answer_names_a_compiled_peak_when_every_plan_is_out_of_reach():
+    """Far below what any plan reaches, every plan of the model is out of reach; the lowest-peak
+    plan is compiled anyway, so the error names a compiled peak (a hypothesis case, a 2-layer
+    stack at 0.55 of its peak, found none compiled)."""
+    from autoremat._errors import InfeasibleBudgetError
+
+    search = _search_on_mlp_chain(1000, (1e9, 0.0))
+    with pytest.raises(InfeasibleBudgetError) as e:
+        search.fallback()
+    assert e.value.lowest == min(search.tried.values()) > 1000
+
+
 def test_the_search_corrects_the_model_by_how_far_its_own_compiled_plans_came_out_above_it():
     """`PlanSearch.correction`: the twins' under-prediction, times the least that this search's
     compiled segment plans came out above their prediction so corrected, where every one did
