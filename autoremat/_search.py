@@ -424,7 +424,7 @@ class PlanSearch:
         best_flops, solver_extra = _recompute_flops(best[1]), best[0]
         for c in sorted((c for c in cands if c.is_policy), key=lambda c: c.flops):
             if (c.flops >= best_flops or c.extra > best[0] * (1 + POLICY_TOLERANCE)
-                    or self.corrected(c) > UNIFORM_REACH * self.budget or not self.can_win(c.segs, quiet=True)):
+                    or not self.reachable(c.peak) or not self.can_win(c.segs, quiet=True)):
                 continue
             peak = self.compile_peak(c.segs, c.label)
             if peak <= self.budget:
@@ -438,7 +438,7 @@ class PlanSearch:
         for _ in range(MAX_UNIFORM_CHECKS):
             best_flops = _recompute_flops(best[1])
             pool = [c for c in cands
-                    if c.segs != best[1] and c.segs not in failed and self.corrected(c) <= UNIFORM_REACH * self.budget
+                    if c.segs != best[1] and c.segs not in failed and self.reachable(c.peak)
                     and c.extra < best[0] and (c.extra * (1 + POLICY_TOLERANCE) < min(best[0], solver_extra)
                                                or c.flops <= best_flops)]
             if not pool:
@@ -525,9 +525,9 @@ class PlanSearch:
         return None
 
     def _likely(self, chosen: list) -> list:
-        """Of the model's plans, those predicted within UNIFORM_REACH of the budget (`corrected`;
+        """Of the model's plans, those predicted within UNIFORM_REACH of the budget (`reachable`;
         the user's tags' plans are all kept)."""
-        keep = [c for c in chosen if c.is_tags or self.corrected(c) <= UNIFORM_REACH * self.budget]
+        keep = [c for c in chosen if c.is_tags or self.reachable(c.peak)]
         if len(keep) < len(chosen):
             self.say(f"  {len(chosen) - len(keep)} of them predicted over {UNIFORM_REACH:.1f}x the budget, corrected "
                      f"x{self.correction():.2f} like the hand-written plans' twins and the plans compiled: not compiled")
@@ -541,18 +541,18 @@ class PlanSearch:
         that: 17 compiles in 244 s, where 6 showed the same (102 s at 4cdb333)."""
         return self.under_prediction() * max(1.0, min(self.excess, default=1.0))
 
-    def corrected(self, c) -> float:
-        """A candidate's predicted peak, corrected (`correction`)."""
-        return c.peak * self.correction()
+    def reachable(self, predicted: float) -> bool:
+        """Whether a plan the model predicts at `predicted` is, so corrected (`correction`),
+        within UNIFORM_REACH of the budget."""
+        return predicted * self.correction() <= UNIFORM_REACH * self.budget
 
     def in_reach(self, segments) -> bool:
-        """Whether the plan of `segments`, its predicted peak corrected like the candidates'
-        (`corrected`), is within UNIFORM_REACH of the budget; if not, it is not compiled."""
-        peak = evaluate(self.model.raw_problem, segments)[0] * self.correction()
-        if peak <= UNIFORM_REACH * self.budget:
+        """`reachable` for the plan of `segments`, said when it is not (it is then not compiled)."""
+        predicted = evaluate(self.model.raw_problem, segments)[0]
+        if self.reachable(predicted):
             return True
-        self.say(f"  (a plan predicted at {format_bytes(int(peak))} once corrected (x{self.correction():.2f}) "
-                 f"is over {UNIFORM_REACH:.1f}x the budget: not compiled)")
+        self.say(f"  (a plan predicted at {format_bytes(int(predicted * self.correction()))} once corrected "
+                 f"(x{self.correction():.2f}) is over {UNIFORM_REACH:.1f}x the budget: not compiled)")
         return False
 
     def _fallback_pool(self, variant: str) -> list:
@@ -564,7 +564,7 @@ class PlanSearch:
         over budget, and all-recompute won over dots_with_no_batch_dims_saveable, which
         fitted)."""
         cands = _uniform_candidates(self.model)
-        reach = [c for c in cands if self.corrected(c) <= UNIFORM_REACH * self.budget]
+        reach = [c for c in cands if self.reachable(c.peak)]
         chosen = ([c for c in reach if c.peak <= UNIFORM_NEAR * self.budget]
                   + [c for c in reach if c.peak > UNIFORM_NEAR * self.budget])[:self.max_candidates]
         chosen += [c for c in cands if c not in chosen and (

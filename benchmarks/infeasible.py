@@ -28,8 +28,8 @@ FRACTION = 0.8  # of nothing_saveable per layer's compiled peak
 
 
 def one(name: str) -> dict:
-    """In this process: the hand-written peak, then the planner at FRACTION of it."""
-    sys.path.insert(0, HERE)
+    """In this process (`main` put this folder on the path): the hand-written peak, then the
+    planner at FRACTION of it."""
     import autoremat
 
     autoremat.configure_cpu_flags()
@@ -39,13 +39,12 @@ def one(name: str) -> dict:
     from autoremat._optimize import plan_for
     from autoremat.runtime._validate import compiled_stats
 
-    n = realscale.make_model(name)[3]
-    fn, args, _, _ = realscale.make_model(name, ["nothing_saveable"] * n)
-    hand = compiled_stats(fn, *args).peak_bytes
+    fn, args, _, n = realscale.make_model(name)
+    hand_fn, hand_args, _, _ = realscale.make_model(name, ["nothing_saveable"] * n)
+    hand = compiled_stats(hand_fn, *hand_args).peak_bytes
     compiles = []
     counted = _search.compiled_stats
     _search.compiled_stats = lambda *a, **k: compiles.append(1) or counted(*a, **k)
-    fn, args, _, _ = realscale.make_model(name)
     budget = int(FRACTION * hand)
     t0 = time.perf_counter()
     try:
