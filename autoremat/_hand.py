@@ -51,6 +51,13 @@ MAX_SET_COMPILES = 2
 # dots_with_no_batch_dims_saveable's peaks gave 0.22 GiB per layer, the compiled mixes 0.28;
 # secant steps then a bisection settle 18 layers within 5 compiles (log2 18 < 5).
 MAX_MIX_STEPS = 5
+# A mix count whose peak, predicted as the faster policy's compiled peak less the chain model's
+# fall from n layers to k, is over the budget by more than this is not compiled.  That
+# prediction came out above the compiled peak once in 47 hand-written mixes of the four
+# unrolled real-scale models, by 0.7% (benchmarks/results/mix_counts.md, "fall"; the others
+# by 0.0% or under), and XLA's peak wanders by about 1% between neighbouring counts
+# (docs/FINDINGS.md, "A mix's peak is not convex"): 3% stays clear of both.
+FALL_SLACK = 0.03
 
 
 @dataclass(frozen=True)
@@ -223,7 +230,9 @@ class HandSearch:
         for _, lean, fast, k in tops:
             floor = self._count_below(lean, fast, bound)
             start = floor if best is not None else max(k, floor)  # a challenger: can it win at all?
-            got = None if floor is None else self._settle(lean, fast, start, limit, floor)
+            if floor is None or self._surely_over(lean, fast, start, limit):
+                continue
+            got = self._settle(lean, fast, start, limit, floor)
             if got is not None and got.extra_flops < bound:
                 best, bound = got, got.extra_flops
         return best
@@ -236,6 +245,24 @@ class HandSearch:
             return 1
         k = max(1, math.floor((a - bound) / (a - b) * n) + 1)
         return k if k < n else None
+
+    def _surely_over(self, lean, fast, k: int, limit: int) -> bool:
+        """Whether `k` layers of `fast` are predicted over `limit` by more than FALL_SLACK: the
+        faster option's compiled peak less the model's fall from n layers to k (`curve`, for JAX's
+        policies), nearly a lower bound of the compiled peak.  A mix needs at least `k` layers of
+        `fast` to win, and its peak grows with the count, so the pair is not compiled: at 1B a
+        compile each (GPT's challenger at its 19.37 GiB mix budget, 9 + 15 layers, compiled to
+        20.21 GiB; the fall said 20.21)."""
+        curve, n = self.curve(lean, fast), len(self.layers)
+        if curve is None:
+            return False
+        fall = self.points[fast].peak - (curve[n] - curve[k])
+        if fall <= limit * (1 + FALL_SLACK):
+            return False
+        self.say(f"hand-written mix, {n - k} layers {_name(lean)}, {k} layers {_name(fast)}, the fewest that could "
+                 f"win: predicted {format_bytes(fall)} (the faster plan's compiled peak less the model's fall), "
+                 f"over the budget by more than {FALL_SLACK:.0%}: not compiled")
+        return True
 
     def _pairs(self, limit: int) -> list[tuple]:
         """(predicted extra FLOPs, lean, fast, first count) of every pair of compiled options that
