@@ -26,7 +26,7 @@ import jax
 from autoremat._errors import SolverError
 from autoremat._progress import Progress, working
 from autoremat._bridge import to_plan
-from autoremat._search import Planned, PlanSearch
+from autoremat._search import Planned, PlanSearch, start_first_hand_plans
 from autoremat._shardings import abstract_arguments
 from autoremat.graph._graph import graph_from_traced
 from autoremat.graph._layers import find_layers, layer_spans
@@ -57,6 +57,7 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
              has_aux: bool = False, validate: bool = True, max_rounds: int = 4, verbose: bool = False,
              progress=None, max_candidates: int = 8, in_shardings=None) -> Planned:
     """Plans `fn` for one argument signature (the work behind `Optimized.plan`)."""
+    check_budget(budget)  # before the compiles started below
     kwargs = dict(kwargs or {})
     say = progress or (Progress(lambda m: _log(True, m)) if verbose else (lambda m: None))
     profile = get_profile(device) if device is not None else detect_profile()
@@ -72,14 +73,17 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
     call = (abstract_args, abstract_kwargs, stats_kw)
     # A fraction is of the compiled un-optimized peak, also with validate=False.
     baseline = _baseline_later(fn, traced, call) if validate or isinstance(budget, float) else None
-    g, layers = _graph(traced, profile, say)  # while the un-optimized step compiles
+    g, layers = _graph(traced, profile, say)  # while the un-optimized step compiles, as are
+    if validate and layers:  # the first hand-written plan and the chain model's blocks
+        start_first_hand_plans(fn, g, layers, call)
+    raw = _raw_chain(g, profile, offload, say)
     baseline_peak, none_flops = _baseline(baseline, say) if baseline is not None else (None, None)
     if isinstance(budget, str) and budget.strip().lower() == "auto":
         budget_bytes = int(_device_memory(profile) * AUTO_MARGIN)
     else:
         budget_bytes = parse_budget(budget, reference_peak=baseline_peak)
     say(f"budget {format_bytes(budget_bytes)}")
-    model, block_cache = _chain(fn, g, profile, offload, call, baseline_peak, say)
+    model, block_cache = _chain(fn, g, raw, (profile, offload), call, baseline_peak, say)
     meta = {"function": getattr(fn, "__name__", "fn"), "jax": jax.__version__, "backend": jax.default_backend(),
             "baseline_peak": baseline_peak, "blocks": len(model.blocks), "layers": layer_spans(layers)}
     search = PlanSearch(fn, g, model, abstract_args, abstract_kwargs, stats_kw, budget_bytes, meta, say,
@@ -123,21 +127,31 @@ def _graph(traced, profile, say):
     return _PREPARED[key]
 
 
-def _chain(fn, g, profile, offload: bool, call, baseline_peak, say):
-    """(chain model calibrated on the compiled step, block cache) of a signature: built once per
-    process and reused at every later budget (at 1B parameters, 8 s of blocks and calibration
-    per budget: benchmarks/realscale.py)."""
-    key = ("chain", g.traced.signature, repr(profile), offload, baseline_peak)
+def _raw_chain(g, profile, offload: bool, say):
+    """(chain model before calibration, block cache) of a signature: built once per process (at
+    1B parameters 4-6 s, while the un-optimized step compiles)."""
+    key = ("raw chain", g.traced.signature, repr(profile), offload)
+    if key not in _PREPARED:
+        t1 = time.perf_counter()
+        block_cache: dict = {}  # shared by every chain model built for this signature
+        model = build_chain_model(g, offload=offload, block_cache=block_cache)
+        say(f"{len(model.blocks)} blocks, {sum(len(v) for v in model.problem.options.values())} region options "
+            f"({time.perf_counter() - t1:.1f}s)")
+        _PREPARED[key] = model, block_cache
+    return _PREPARED[key]
+
+
+def _chain(fn, g, raw, how: tuple, call, baseline_peak, say):
+    """(chain model calibrated on the compiled step, block cache) of a signature: `raw`
+    (`_raw_chain`'s, for `how` = (profile, offload)) calibrated once per process and reused at
+    every later budget."""
+    model, block_cache = raw
+    key = ("chain", g.traced.signature, repr(how[0]), how[1], baseline_peak)
     if key in _PREPARED:
         say("chain model as built before for this signature")
         return _PREPARED[key]
-    t1 = time.perf_counter()
-    block_cache: dict = {}  # shared by every chain model built for this signature
-    model = build_chain_model(g, offload=offload, block_cache=block_cache)
-    say(f"{len(model.blocks)} blocks, {sum(len(v) for v in model.problem.options.values())} region options "
-        f"({time.perf_counter() - t1:.1f}s)")
     if baseline_peak is not None:
-        model = _calibrated(fn, g, model, call, baseline_peak, offload, block_cache, say)
+        model = _calibrated(fn, g, model, call, baseline_peak, how[1], block_cache, say)
     _PREPARED[key] = model, block_cache
     return _PREPARED[key]
 

@@ -36,19 +36,19 @@ from typing import NamedTuple
 from autoremat._bridge import to_plan, with_recompute_costs
 from autoremat._errors import InfeasibleBudgetError
 from autoremat._progress import working
-from autoremat._hand import HandPlan, HandSearch, uniform_plans
+from autoremat._hand import HAND_POLICIES, HandPlan, HandSearch, uniform_plans
 from autoremat._layer_options import ilp_options
 from autoremat._units import format_bytes
 from autoremat.graph._costs import OpCost
 from autoremat.graph._graph import Graph
 from autoremat.runtime._apply import apply
 from autoremat.runtime._plan import Plan
-from autoremat.runtime._validate import compiled_stats
+from autoremat.runtime._validate import compile_later, compiled_stats
 from autoremat.solver._chain import evaluate, lowest_peak_segments
 from autoremat.solver._chain_model import ChainModel, build_chain_model
 from autoremat.solver._solve import solve
 
-__all__ = ["PlanSearch", "Planned", "mix_curve"]
+__all__ = ["PlanSearch", "Planned", "mix_curve", "start_first_hand_plans"]
 
 # When a compiled plan leaves more than RAISE_SLACK of the budget unused (the model
 # over-predicted), the solver is asked again with the target raised by the unused part; if
@@ -95,6 +95,9 @@ _LAYER_OPTIONS: dict = {}  # (fingerprint, argument types) -> `_layer_options.il
 # above that correction, every first round over its budget (benchmarks/budget_log.py on llama,
 # gpt, equinox and llama1b FSDP x TP at 7d48a7b).
 _SOLVER_EXCESS: dict = {}
+# (signature, `_plan_content`) -> Future of the plan's `CompiledStats`: compiles started before
+# the search (`start_first_hand_plans`), taken by the first `compile_once` that needs them.
+_STARTED: dict = {}
 
 
 class _Compiled(NamedTuple):
@@ -190,8 +193,10 @@ class PlanSearch:
             if content not in _BY_CONTENT and self.is_unoptimized(plan):
                 _BY_CONTENT[content] = (self.baseline_peak, 0.0, 0.0)
             if content not in _BY_CONTENT:
+                started = _STARTED.pop((self.g.traced.signature, _plan_content(plan)), None)
                 with working(self.say, f"compiling {plan.meta.get('found_by') or 'a candidate plan'}"):
-                    st = compiled_stats(apply(self.fn, plan), *self.args, **self.stats_kw, **self.kwargs)
+                    st = started.result() if started is not None else _stats(self.fn, plan, self.args,
+                                                                             self.stats_kw, self.kwargs)
                 self.compiles += 1
                 _BY_CONTENT[content] = (st.peak_bytes, st.jaxpr_flops - self.none_flops[0],
                                         st.matmul_flops - self.none_flops[1])
@@ -681,6 +686,24 @@ class _Steer:
 def _rounds(history: list) -> list:
     """The solver rounds as plan metadata (without their segments)."""
     return [{k: v for k, v in h.items() if k != "segments"} for h in history]
+
+
+def start_first_hand_plans(fn, g: Graph, layers, call) -> None:
+    """The fastest of JAX's policies on every layer (`HandSearch.uniform` compiles it first
+    whenever there are layers and the un-optimized step does not fit), compiled in the
+    background while the un-optimized step compiles and the chain model is built.  `call`:
+    (abstract args, kwargs, compiled_stats keywords), as `PlanSearch` compiles them."""
+    args, kwargs, stats_kw = call
+    first = [plan for pol, _, plan in uniform_plans(g, layers) if pol == HAND_POLICIES[-1]]
+    for plan in first:
+        key = (g.traced.signature, _plan_content(plan))
+        if key not in _STARTED and not any(k[0][0] == key[0] and k[1] == key[1] for k in _BY_CONTENT):
+            _STARTED[key] = compile_later(_stats, fn, plan, args, stats_kw, kwargs)
+
+
+def _stats(fn, plan: Plan, args, stats_kw: dict, kwargs: dict):
+    """The `CompiledStats` of `fn` under `plan` (module-level, so tests can count compiles)."""
+    return compiled_stats(apply(fn, plan), *args, **stats_kw, **kwargs)
 
 
 def _best_compiled(sig, limit: int) -> _Compiled | None:

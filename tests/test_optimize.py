@@ -271,6 +271,25 @@ def test_the_plan_says_how_many_plans_were_compiled_for_its_budget(monkeypatch):
     assert again.meta["compiled_peak"] == first.meta["compiled_peak"]
 
 
+def test_the_first_hand_written_plan_compiles_while_the_chain_model_is_built(monkeypatch):
+    """dots_saveable per layer, which the search compiles first, is started before the search
+    (alongside the un-optimized step) and compiled once: the search takes that compile."""
+    import threading
+
+    from autoremat import _search
+    from autoremat._optimize import plan_for
+
+    threads = []
+    real = _search.compiled_stats
+    monkeypatch.setattr(_search, "compiled_stats",
+                        lambda *a, **k: threads.append(threading.current_thread().name) or real(*a, **k))
+    ex = examples.get_example("mlp_chain", n_layers=4, width=40, batch=88)  # a signature of its own
+    plan = plan_for(ex.fn, 0.7, ex.args).plan
+    assert plan.meta["hand_candidates"][0]["label"] == "dots_saveable per layer"
+    assert threads[0].startswith("autoremat-compile") and len(threads) == plan.meta["compiles"]
+    assert not _search._STARTED  # taken by the search
+
+
 def test_the_hand_written_policies_compile_fastest_first_up_to_the_first_that_fits():
     """Where dots_saveable per layer fits, the leaner policies (which save a subset, so recompute
     no less) are not compiled; where only nothing_saveable does, all three are."""

@@ -20,7 +20,7 @@ from autoremat._xla import cpu_flags_active
 from autoremat.graph._costs import jaxpr_cost, jaxpr_matmul_flops
 from autoremat.runtime._plan import Plan
 
-__all__ = ["CompiledStats", "ValidationReport", "compiled_stats", "compiled_stats_later", "validate"]
+__all__ = ["CompiledStats", "ValidationReport", "compile_later", "compiled_stats", "compiled_stats_later", "validate"]
 
 # Compiles that are not run are read for their memory alone, so on XLA:CPU LLVM need not
 # optimize the machine code: buffer assignment is done on HLO before it.  Measured by
@@ -112,10 +112,16 @@ def compiled_stats_later(fn, *args, **kwargs) -> Future:
     `CompiledStats`.  XLA compiles without holding Python's lock, so programs known in advance
     compile side by side, on as many threads as the machine has cores, while the caller goes
     on (JAX's tracing is thread-safe)."""
+    return compile_later(compiled_stats, fn, *args, **kwargs)
+
+
+def compile_later(compile, *args, **kwargs) -> Future:
+    """`compile(*args, **kwargs)` (a compile, such as `compiled_stats`) on the background
+    threads of `compiled_stats_later`: a Future of its result."""
     global _POOL
     if _POOL is None:
         _POOL = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="autoremat-compile")
-    return _POOL.submit(compiled_stats, fn, *args, **kwargs)
+    return _POOL.submit(compile, *args, **kwargs)
 
 
 @dataclass(frozen=True)
