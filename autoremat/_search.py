@@ -463,8 +463,9 @@ class PlanSearch:
         """Phase 5, when no solver plan fits: compile-verified candidates for each way of
         cutting the chain into blocks (activations opening the next layer, closing their layer,
         no merging at all; the last two only while no compiled plan fits): the solver's plan for
-        the budget; uniform plans (`_fallback_pool`); and the plan of lowest predicted peak.
-        Raises InfeasibleBudgetError if none fits."""
+        the budget; uniform plans (`_fallback_pool`); and the plan of lowest predicted peak
+        (before the uniform plans while nothing compiled fits and it is predicted over the
+        budget).  Raises InfeasibleBudgetError if none fits."""
         for variant in ("next", "prev", "none"):
             if variant != "next" and _best_compiled(self.sig, self.budget) is not None:
                 # A compiled plan fits (a hand-written one): rebuilding the chain two more ways
@@ -479,23 +480,31 @@ class PlanSearch:
                         return self.accept(result.segments, result, how)
                 except InfeasibleBudgetError:
                     pass
-            if variant != "none":
-                found = self._try_pool(variant)
+            low = lowest_peak_segments(self.model.problem)
+            # predicted over the budget, the lowest-peak plan goes first: what it compiles to
+            # corrects the predictions of the pool's plans, all predicted higher (`correction`)
+            first = _best_compiled(self.sig, self.budget) is None and not self.reachable_at(low, 1.0)
+            for turn in ("lowest", "pool") if first else ("pool", "lowest"):
+                found = (self._try_lowest(low, variant) if turn == "lowest"
+                         else self._try_pool(variant) if variant != "none" else None)
                 if found is not None:
                     return found
-            low = lowest_peak_segments(self.model.problem)
-            how = f"lowest predicted peak, blocks merged {variant}"
-            # out of reach or not, the lowest-peak plan is compiled if nothing was: an
-            # infeasible answer names the lowest compiled peak
-            if self.can_win(low) and (not self.tried or self.in_reach(low)):
-                peak = self.compile_peak(low, how)
-                if peak <= self.budget:
-                    return self.accept(low, None, how)
-                self.say(f"  {how}: compiled {format_bytes(peak)}, over budget")
         known = _best_compiled(self.sig, self.budget)
         if known is not None:  # compiled for another budget of this signature, and fits this one
             return self.finish(known)
         raise self._infeasible()
+
+    def _try_lowest(self, low, variant: str) -> Planned | None:
+        """The plan of lowest predicted peak (`low`), compiled where it could win and is within
+        reach; out of reach or not if nothing was compiled yet (an infeasible answer names the
+        lowest compiled peak).  Accepted if it fits."""
+        how = f"lowest predicted peak, blocks merged {variant}"
+        if self.can_win(low) and (not self.tried or self.in_reach(low)):
+            peak = self.compile_peak(low, how)
+            if peak <= self.budget:
+                return self.accept(low, None, how)
+            self.say(f"  {how}: compiled {format_bytes(peak)}, over budget")
+        return None
 
     def _try_pool(self, variant: str) -> Planned | None:
         """The fallback's uniform plans compiled in turn; the first that fits is accepted.  While
@@ -546,10 +555,14 @@ class PlanSearch:
         that: 17 compiles in 244 s, where 6 showed the same (102 s at 4cdb333)."""
         return self.under_prediction() * max(1.0, min(self.excess, default=1.0))
 
-    def reachable(self, predicted: float) -> bool:
+    def reachable(self, predicted: float, reach: float = UNIFORM_REACH) -> bool:
         """Whether a plan the model predicts at `predicted` is, so corrected (`correction`),
-        within UNIFORM_REACH of the budget."""
-        return predicted * self.correction() <= UNIFORM_REACH * self.budget
+        within `reach` x the budget."""
+        return predicted * self.correction() <= reach * self.budget
+
+    def reachable_at(self, segments, reach: float) -> bool:
+        """`reachable` for the plan of `segments`."""
+        return self.reachable(evaluate(self.model.raw_problem, segments)[0], reach)
 
     def in_reach(self, segments) -> bool:
         """`reachable` for the plan of `segments`, said when it is not (it is then not compiled)."""

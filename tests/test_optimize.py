@@ -465,6 +465,36 @@ def test_while_a_plan_fits_the_fallback_tries_the_likeliest_and_stops_at_the_fir
     assert [t.split()[1] for t in tried] == ["lean", "scan:save:name:a", "scan:save:name:b"]
 
 
+def test_while_nothing_fits_a_lowest_peak_plan_predicted_over_the_budget_is_compiled_first(monkeypatch):
+    """Predicted over the budget, the lowest-peak plan goes before the pool: how far above its
+    prediction it compiles corrects the pool's predictions, all higher (below the 1B decoders'
+    reach, the pool's plans compiled over the budget before it did)."""
+    from autoremat import _search
+    from autoremat._errors import InfeasibleBudgetError
+
+    search = _search_on_mlp_chain(1000, (1e9, 0.0))
+    pool = [_search._Candidate(extra=e, kind=k, size=1, segs=_segments(0.0), peak=p, flops=0.0)
+            for e, k, p in ((1.0, "fast", 1200), (2.0, "lean", 900))]
+    monkeypatch.setattr(search, "_fallback_pool", lambda variant: list(pool))
+    monkeypatch.setattr(search, "_rebuilt", lambda variant: search.model)
+    monkeypatch.setattr(_search, "_best_compiled", lambda sig, limit: None)
+    tried = []
+
+    def compile_peak(segs, how, result=None):
+        tried.append(how)
+        search.tried[how] = 2000
+        if how.startswith("lowest"):
+            search.excess.append(1.2)  # came out 1.2x its corrected prediction
+        return 2000
+
+    monkeypatch.setattr(search, "compile_peak", compile_peak)
+    with pytest.raises(InfeasibleBudgetError):
+        search.fallback()
+    # 1200 x 1.2 is over 1.3 x the budget once the lowest-peak plan has compiled; 900 x 1.2 is not
+    assert [t for t in tried if t.endswith("merged next")] == [
+        "lowest predicted peak, blocks merged next", "uniform lean x1, blocks merged next"]
+
+
 def test_the_fallbacks_own_plans_out_of_reach_are_not_compiled():
     """The chain's lowest-peak plan (and a rebuilt chain's plan for the budget) is compiled only
     if its predicted peak, corrected like the hand-written plans' twins, is within UNIFORM_REACH
