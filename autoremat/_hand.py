@@ -253,16 +253,19 @@ class HandSearch:
         `fast` to win, and its peak grows with the count, so the pair is not compiled: at 1B a
         compile each (GPT's challenger at its 19.37 GiB mix budget, 9 + 15 layers, compiled to
         20.21 GiB; the fall said 20.21)."""
-        curve, n = self.curve(lean, fast), len(self.layers)
-        if curve is None:
-            return False
-        fall = self.points[fast].peak - (curve[n] - curve[k])
-        if fall <= limit * (1 + FALL_SLACK):
+        fall, n = self._fall(lean, fast, k), len(self.layers)
+        if fall is None or fall <= limit * (1 + FALL_SLACK):
             return False
         self.say(f"hand-written mix, {n - k} layers {_name(lean)}, {k} layers {_name(fast)}, the fewest that could "
                  f"win: predicted {format_bytes(fall)} (the faster plan's compiled peak less the model's fall), "
                  f"over the budget by more than {FALL_SLACK:.0%}: not compiled")
         return True
+
+    def _fall(self, lean, fast, k: int) -> float | None:
+        """`k` layers of `fast`'s peak predicted as `fast`'s compiled peak less the model's fall
+        from n layers to k (`curve`); None without a curve for the pair."""
+        curve, n = self.curve(lean, fast), len(self.layers)
+        return None if curve is None else self.points[fast].peak - (curve[n] - curve[k])
 
     def _pairs(self, limit: int) -> list[tuple]:
         """(predicted extra FLOPs, lean, fast, first count) of every pair of compiled options that
@@ -294,9 +297,8 @@ class HandSearch:
         peak, 2.38 GiB, where the average layer's saved bytes said no layer of dots_saveable fits;
         benchmarks/realscale.py)."""
         n, a, b = len(self.layers), self.points[lean], self.points[fast]
-        curve = self.curve(lean, fast)
-        if curve is not None:
-            return max((k for k in range(n) if b.peak - (curve[n] - curve[k]) <= limit), default=0)
+        if self.curve(lean, fast) is not None:
+            return max((k for k in range(n) if self._fall(lean, fast, k) <= limit), default=0)
         step = (self.saved_bytes.get(fast, 0) - self.saved_bytes.get(lean, 0)) / n
         if lean not in self.saved_bytes or fast not in self.saved_bytes or step <= 0:
             return min(n - 1, int((limit - a.peak) / (b.peak - a.peak) * n))

@@ -83,7 +83,7 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
     else:
         budget_bytes = parse_budget(budget, reference_peak=baseline_peak)
     say(f"budget {format_bytes(budget_bytes)}")
-    model, block_cache = _chain(fn, g, raw, (profile, offload), call, baseline_peak, say)
+    model, block_cache = _chain(fn, g, raw, profile, offload, call, baseline_peak, say)
     meta = {"function": getattr(fn, "__name__", "fn"), "jax": jax.__version__, "backend": jax.default_backend(),
             "baseline_peak": baseline_peak, "blocks": len(model.blocks), "layers": layer_spans(layers)}
     search = PlanSearch(fn, g, model, abstract_args, abstract_kwargs, stats_kw, budget_bytes, meta, say,
@@ -141,17 +141,17 @@ def _raw_chain(g, profile, offload: bool, say):
     return _PREPARED[key]
 
 
-def _chain(fn, g, raw, how: tuple, call, baseline_peak, say):
+def _chain(fn, g, raw, profile, offload: bool, call, baseline_peak, say):
     """(chain model calibrated on the compiled step, block cache) of a signature: `raw`
-    (`_raw_chain`'s, for `how` = (profile, offload)) calibrated once per process and reused at
+    (`_raw_chain`'s for `profile` and `offload`) calibrated once per process and reused at
     every later budget."""
     model, block_cache = raw
-    key = ("chain", g.traced.signature, repr(how[0]), how[1], baseline_peak)
+    key = ("chain", g.traced.signature, repr(profile), offload, baseline_peak)
     if key in _PREPARED:
         say("chain model as built before for this signature")
         return _PREPARED[key]
     if baseline_peak is not None:
-        model = _calibrated(fn, g, model, call, baseline_peak, how[1], block_cache, say)
+        model = _calibrated(fn, g, model, call, baseline_peak, offload, block_cache, say)
     _PREPARED[key] = model, block_cache
     return _PREPARED[key]
 
