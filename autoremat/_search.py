@@ -30,6 +30,7 @@
 from __future__ import annotations
 
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -98,6 +99,7 @@ _SOLVER_EXCESS: dict = {}
 # (signature, `_plan_content`) -> Future of the plan's `CompiledStats`: compiles started before
 # the search (`start_first_hand_plans`), taken by the first `compile_once` that needs them.
 _STARTED: dict = {}
+_BUILDER: ThreadPoolExecutor | None = None  # `_chain_builder`
 
 
 class _Compiled(NamedTuple):
@@ -155,6 +157,7 @@ class PlanSearch:
     compiles: int = 0  # whole-step compiles this search made (at 1B on this CPU, 7-12 s each)
     excess: list = field(default_factory=list)  # compiled / corrected prediction of its segment plans
     curves: dict = field(default_factory=dict)  # `mix_curve`
+    rebuilds: dict = field(default_factory=dict)  # merge -> Future of a rebuilt chain (`start_rebuilds`)
 
     # The budget is the bar on every backend.  A 2.5% margin off the CPU, set when two compiles
     # of one small example's plan on an H100 came out 0.99 MiB (2.2%) apart
@@ -262,11 +265,31 @@ class PlanSearch:
 
     def _rebuilt(self, merge: str) -> ChainModel:
         """The chain rebuilt with blocks merged another way ("prev": activations closing their
-        layer; "none": every cut kept, finer regions: the U-Net's stages need cuts of both kinds)."""
-        self.say({"prev": "rebuilding the chain with activations closing their layer",
-                  "none": "rebuilding the chain with every cut kept"}[merge])
-        return build_chain_model(self.g, offload=self.offload, none_scale=self.model.none_scale, merge=merge,
-                                 block_cache=self.block_cache)
+        layer; "none": every cut kept, finer regions: the U-Net's stages need cuts of both kinds),
+        as `start_rebuilds` began it in the background, or now."""
+        said = {"prev": "the chain with activations closing their layer",
+                "none": "the chain with every cut kept"}[merge]
+        later = self.rebuilds.pop(merge, None)
+        if later is not None:
+            with working(self.say, f"rebuilding {said}"):
+                model = later.result()
+            self.say(f"rebuilt {said} (in the background, while the plans before it compiled)")
+            return model
+        self.say(f"rebuilding {said}")
+        return build_chain_model(self.g, merge=merge, **self._build_kw())
+
+    def _build_kw(self) -> dict:
+        return dict(offload=self.offload, none_scale=self.model.none_scale, block_cache=self.block_cache)
+
+    def start_rebuilds(self) -> None:
+        """Begin both rebuilt chains on a background thread, one after the other.  They are
+        Python (4-8 s at 1B) and XLA compiles without Python's lock, so they are built while the
+        fallback's plans before them compile (benchmarks/infeasible.py: at 7b9c670 GPT's budget
+        spent 11 s and ResNet-50's 10 s of its 61 and 82 s rebuilding, nothing compiling)."""
+        for merge in ("prev", "none"):
+            if merge not in self.rebuilds:
+                self.rebuilds[merge] = _chain_builder().submit(build_chain_model, self.g, merge=merge,
+                                                               **self._build_kw())
 
     # -- phases ----------------------------------------------------------------------------
     def hand_plans(self) -> None:
@@ -466,6 +489,16 @@ class PlanSearch:
         the budget; uniform plans (`_fallback_pool`); and the plan of lowest predicted peak
         (before the uniform plans while nothing compiled fits and it is predicted over the
         budget).  Raises InfeasibleBudgetError if none fits."""
+        if _best_compiled(self.sig, self.budget) is None:
+            self.start_rebuilds()  # the rebuilt chains are needed unless a plan of this one fits
+        try:
+            return self._fallback_variants()
+        finally:
+            for later in self.rebuilds.values():
+                later.cancel()  # not begun yet: a plan fitted before its chain was needed
+
+    def _fallback_variants(self) -> Planned:
+        """`fallback`'s candidates, one way of cutting the chain into blocks after another."""
         for variant in ("next", "prev", "none"):
             if variant != "next" and _best_compiled(self.sig, self.budget) is not None:
                 # A compiled plan fits (a hand-written one): rebuilding the chain two more ways
@@ -712,6 +745,15 @@ def start_first_hand_plans(fn, g: Graph, layers, call) -> None:
         key = (g.traced.signature, _plan_content(plan))
         if key not in _STARTED and not any(k[0][0] == key[0] and k[1] == key[1] for k in _BY_CONTENT):
             _STARTED[key] = compile_later(_stats, fn, plan, args, stats_kw, kwargs)
+
+
+def _chain_builder() -> ThreadPoolExecutor:
+    """The one background thread `PlanSearch.start_rebuilds` builds chains on (one: two builds
+    side by side would share a core the compiles need, and hold Python's lock in turn)."""
+    global _BUILDER
+    if _BUILDER is None:
+        _BUILDER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="autoremat-chain")
+    return _BUILDER
 
 
 def _stats(fn, plan: Plan, args, stats_kw: dict, kwargs: dict):

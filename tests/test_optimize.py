@@ -495,6 +495,51 @@ def test_while_nothing_fits_a_lowest_peak_plan_predicted_over_the_budget_is_comp
         "lowest predicted peak, blocks merged next", "uniform lean x1, blocks merged next"]
 
 
+def test_while_nothing_fits_the_rebuilt_chains_are_built_while_the_first_plans_compile(monkeypatch):
+    """Both rebuilt chains are begun on a background thread before the fallback's first compile
+    (at 1B they are 4-8 s of Python each, spent while nothing compiled); the fallback then takes
+    them, equal to chains built in the foreground; where a plan fits first, the rest is cancelled."""
+    from autoremat import _search
+    from autoremat._errors import InfeasibleBudgetError
+    from autoremat.solver._chain_model import build_chain_model
+
+    search = _search_on_mlp_chain(1000, (1e9, 0.0))
+    monkeypatch.setattr(_search, "_best_compiled", lambda sig, limit: None)
+    begun = []
+
+    def compile_peak(segs, how, result=None):
+        begun.append(set(search.rebuilds))
+        search.tried[how] = 2000
+        return 2000
+
+    monkeypatch.setattr(search, "compile_peak", compile_peak)
+    with pytest.raises(InfeasibleBudgetError):
+        search.fallback()
+    assert begun and begun[0] == {"prev", "none"}  # begun before the first compile
+    assert not search.rebuilds  # both taken by the fallback
+    fresh = build_chain_model(search.g, merge="none", offload=search.offload,
+                              none_scale=search.model.none_scale)
+    assert [(b.start, b.stop) for b in search.model.blocks] == [(b.start, b.stop) for b in fresh.blocks]
+    assert search.model.problem.options == fresh.problem.options
+
+    monkeypatch.undo()
+    search = _search_on_mlp_chain(1000, (1e9, 0.0))
+    monkeypatch.setattr(_search, "_best_compiled", lambda sig, limit: None)
+    monkeypatch.setattr(search, "_try_lowest", lambda low, variant: "a plan that fits")
+    monkeypatch.setattr(_search, "_chain_builder", lambda: _Queued())
+    assert search.fallback() == "a plan that fits"
+    assert all(later.cancelled() for later in search.rebuilds.values())
+
+
+class _Queued:
+    """An executor whose work never begins (so cancelling it is seen)."""
+
+    def submit(self, fn, *args, **kwargs):
+        from concurrent.futures import Future
+
+        return Future()
+
+
 def test_the_fallbacks_own_plans_out_of_reach_are_not_compiled():
     """The chain's lowest-peak plan (and a rebuilt chain's plan for the budget) is compiled only
     if its predicted peak, corrected like the hand-written plans' twins, is within UNIFORM_REACH
