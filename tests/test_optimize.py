@@ -525,10 +525,47 @@ def test_while_nothing_fits_the_rebuilt_chains_are_built_while_the_first_plans_c
     monkeypatch.undo()
     search = _search_on_mlp_chain(1000, (1e9, 0.0))
     monkeypatch.setattr(_search, "_best_compiled", lambda sig, limit: None)
+    monkeypatch.setattr(search, "hand_plans", lambda: None)
+    monkeypatch.setattr(search, "solver_rounds", lambda: None)
     monkeypatch.setattr(search, "_try_lowest", lambda low, variant: "a plan that fits")
     monkeypatch.setattr(_search, "_chain_builder", lambda: _Queued())
-    assert search.fallback() == "a plan that fits"
+    assert search.run() == "a plan that fits"
     assert all(later.cancelled() for later in search.rebuilds.values())
+
+
+def test_below_every_hand_written_policy_the_lowest_peak_plan_goes_before_the_rounds(monkeypatch):
+    """Where JAX's policies per layer all compiled over the budget, the lowest-peak plan is
+    compiled before the solver's rounds; compiled over the budget (x2 its prediction here), it
+    puts the rounds' plans, all predicted higher, out of reach (ResNet-50 below its reach:
+    round 1 compiled to 2.89 GiB for a 1.90 budget before the lowest-peak plan said x1.68)."""
+    from types import SimpleNamespace
+
+    from autoremat import _search
+    from autoremat.solver._chain import evaluate, lowest_peak_segments
+
+    def search_at(lowest_compiles_to):
+        monkeypatch.undo()
+        search = _search_on_mlp_chain(1000, (1e9, 0.0))
+        monkeypatch.setattr(_search, "_best_compiled", lambda sig, limit: None)
+        low = evaluate(search.model.raw_problem, lowest_peak_segments(search.model.problem))[0]
+        search.budget, search.twins = int(1.2 * low), [(int(1.2 * low), 1.0)]
+        tried = []
+
+        def compile_segments(segs, how, result=None):
+            tried.append(how)
+            peak = lowest_compiles_to(search.budget) if how.startswith("lowest") else search.budget
+            search.excess.append(peak / evaluate(search.model.raw_problem, segs)[0])
+            return SimpleNamespace(peak=peak, measured=0.0)
+
+        monkeypatch.setattr(search, "compile_segments", compile_segments)
+        monkeypatch.setattr(search, "start_rebuilds", lambda: None)
+        search.lowest_first()
+        search.solver_rounds()
+        return tried
+
+    assert search_at(lambda budget: 2 * budget) == ["lowest predicted peak, blocks merged next"]
+    tried = search_at(lambda budget: budget - 1)  # fits: a candidate the rounds must beat
+    assert tried[0].startswith("lowest") and tried[1] == "solver round 1"
 
 
 class _Queued:
