@@ -555,7 +555,8 @@ class PlanSearch:
             peak = self.compile_peak(low, how)
             if peak <= self.budget:
                 return self.accept(low, None, how)
-            self.say(f"  {how}: compiled {format_bytes(peak)}, over budget")
+            if not (variant == "next" and self.lowest_over):  # `lowest_first` said so
+                self.say(f"  {how}: compiled {format_bytes(peak)}, over budget")
         return None
 
     def _try_pool(self, variant: str) -> Planned | None:
