@@ -7,7 +7,7 @@ of that compiled peak in a fresh process (nothing compiled before: the time a us
 asks for too little first), and records the planning time, the whole-step compiles it made,
 and the lowest compiled peak the `InfeasibleBudgetError` names (or the plan, if one fits).
 
-    .venv/bin/python benchmarks/infeasible.py                  # all realscale.py models (~10 min)
+    .venv/bin/python benchmarks/infeasible.py                  # all realscale.py models (~6 min)
     .venv/bin/python benchmarks/infeasible.py --models llama   # one
 
 Writes `benchmarks/results/infeasible.md`.
