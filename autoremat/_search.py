@@ -295,8 +295,9 @@ class PlanSearch:
     def start_rebuilds(self) -> None:
         """Begin both rebuilt chains on a background thread, one after the other.  They are
         Python (4-8 s at 1B) and XLA compiles without Python's lock, so they are built while the
-        fallback's plans before them compile (benchmarks/infeasible.py: at 7b9c670 GPT's budget
-        spent 11 s and ResNet-50's 10 s of its 61 and 82 s rebuilding, nothing compiling)."""
+        fallback's plans before them compile (benchmarks/infeasible.py, GPT: 68 s at edaf673,
+        where each rebuild and its plan's compile took 11 and 15 s one after the other; 56 s
+        at 8c4dc90, the same compiles)."""
         for merge in ("prev", "none"):
             if merge not in self.rebuilds:
                 self.rebuilds[merge] = _chain_builder().submit(build_chain_model, self.g, merge=merge,
@@ -414,8 +415,9 @@ class PlanSearch:
         fit, compiled first.  If it fits it is a candidate the rounds must beat; if not, how far
         above its prediction it came out (`excess`) corrects the rounds' plans, all predicted
         higher, and one out of reach ends them.  (ResNet-50 at 80% of `nothing_saveable` per
-        layer, benchmarks/infeasible.py at 7b9c670: round 1, predicted at the budget once
-        corrected, compiled to 2.89 GiB, 11 s, before the lowest-peak plan's 2.57 said x1.68.)"""
+        layer, benchmarks/infeasible.py at edaf673: round 1, predicted at the budget once
+        corrected, compiled to 2.89 GiB in 11 s before the lowest-peak plan's 2.57 said x1.68;
+        81 s in all, 50 s at 8c4dc90.)"""
         if not self.twins or _best_compiled(self.sig, self.budget) is not None:
             return
         self.start_rebuilds()  # the fallback's, likely needed now: built while this compiles
