@@ -332,3 +332,38 @@ def test_per_span_is_a_policy_per_layer_in_the_models_terms():
             assert [(sg.start, sg.stop) for sg in mixed] == [(sg.start, sg.stop) for sg in segs]
             assert [sg.option.name for sg in mixed if sg.option.name != "none"] == (
                 ["ckpt:recompute"] * (len(spans) - 1) + ["ckpt:save:dots"])
+
+
+_CHAIN_OPTIONS = """
+import autoremat
+autoremat.configure_cpu_flags()
+from autoremat import examples
+from autoremat.graph import build_graph
+from autoremat.solver._chain_model import build_chain_model
+for name in ("transformer", "transformer_scan"):
+    ex = examples.get_example(name)
+    m = build_chain_model(build_graph(ex.fn, *ex.args), offload=True)
+    for k in sorted(m.problem.options):
+        for o in sorted(m.problem.options[k], key=lambda o: o.name):
+            print(name, k, o.name, o.stored_bytes, o.backward_bytes, repr(o.extra_time), repr(o.recompute_flops))
+"""
+
+
+def test_the_chain_model_is_the_same_in_every_process():
+    """Options' times are sums over sets of ops, whose order follows Python's string hashing,
+    which differs from process to process: plain sums differed in their last bits, and ties
+    between options broke either way (the same Llama 1B step got a different chain model per
+    PYTHONHASHSEED).  Two processes with different seeds must build the same options, bit for bit."""
+    import os
+    import subprocess
+    import sys
+
+    def options(seed):
+        env = {**os.environ, "PYTHONHASHSEED": str(seed)}
+        run = subprocess.run([sys.executable, "-c", _CHAIN_OPTIONS], env=env, capture_output=True, text=True,
+                             timeout=300, check=True)
+        return run.stdout.splitlines()
+
+    first = options(1)
+    assert len(first) > 100
+    assert options(3) == first

@@ -4,6 +4,7 @@ solver (`_region`, CP-SAT) at several memory caps, and what each costs to recomp
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -116,7 +117,9 @@ def _region_recompute(g, blocks, data, i, j, oi, cache):
         if key not in cache:
             R, outside = _closure(g, blocks[k].ops, saved, need_out, d.residuals)
             rt = recompute_times(g)
-            cache[key] = (R, outside, sum(rt[o] for o in R), sum(g.ops[o].cost.flops for o in R))
+            # fsum: R is a set, and a plain sum's last bits follow its hash order, which differs
+            # from process to process (PYTHONHASHSEED); ties between options then broke either way
+            cache[key] = (R, outside, math.fsum(rt[o] for o in R), math.fsum(g.ops[o].cost.flops for o in R))
         R, outside, t, f = cache[key]
         total_t += t
         total_f += f

@@ -6,6 +6,7 @@ over the trip count.
 from __future__ import annotations
 
 import itertools
+import math
 
 
 from autoremat.solver._chain import Option
@@ -93,8 +94,8 @@ def _scan_options(g, b, d, cross, caps, method, time_limit, offload, host_bw, no
         # MaxText-style tags), in what is recomputed and in what is live.
         kept = _with_name_aliases(body_ops, saved)
         R, _ = _closure(body, [o.id for o in body_ops], kept, frozenset(), residuals)
-        rt = length * sum(body_rt[o] for o in R)
-        rf = length * sum(body.ops[o].cost.flops for o in R)
+        rt = length * math.fsum(body_rt[o] for o in R)  # R is a set: fsum is independent of its order
+        rf = length * math.fsum(body.ops[o].cost.flops for o in R)
         s_b = sum(body.values[v].nbytes for v in saved)
         stored = length * (per_iter_in + s_b)
         # The iteration's saved values are part of `stored` already; the rest of what its
