@@ -46,7 +46,7 @@ from autoremat.graph._costs import OpCost
 from autoremat.graph._graph import Graph
 from autoremat.runtime._apply import apply
 from autoremat.runtime._plan import Plan
-from autoremat.runtime._validate import compile_later, compiled_stats
+from autoremat.runtime._validate import CompiledStats, compile_later, compile_step, stage_step
 from autoremat.solver._chain import evaluate, lowest_peak_segments
 from autoremat.solver._chain_model import ChainModel, build_chain_model
 from autoremat.solver._solve import solve
@@ -101,6 +101,7 @@ _SOLVER_EXCESS: dict = {}
 # (signature, `_plan_content`) -> Future of the plan's `CompiledStats`: compiles started before
 # the search (`start_first_hand_plans`), taken by the first `compile_once` that needs them.
 _STARTED: dict = {}
+_BY_PROGRAM: dict = {}  # `StagedStep.program_key` -> (CompiledStats, found_by) of the programs compiled (`_stats`)
 _BUILDER: ThreadPoolExecutor | None = None  # `_chain_builder`
 
 
@@ -209,9 +210,12 @@ class PlanSearch:
             if content not in _BY_CONTENT:
                 started = _STARTED.pop((self.g.traced.signature, _plan_content(plan)), None)
                 with working(self.say, f"compiling {plan.meta.get('found_by') or 'a candidate plan'}"):
-                    st = started.result() if started is not None else _stats(self.fn, plan, self.args,
-                                                                             self.stats_kw, self.kwargs)
-                self.compiles += 1
+                    st, same_as = started.result() if started is not None else _stats(self.fn, plan, self.args,
+                                                                                      self.stats_kw, self.kwargs)
+                if same_as is None:
+                    self.compiles += 1
+                else:
+                    self.say(f"  (the same program as {same_as}, compiled before: not compiled again)")
                 _BY_CONTENT[content] = (st.peak_bytes, st.jaxpr_flops - self.none_flops[0],
                                         st.matmul_flops - self.none_flops[1])
             peak, measured, matmul = _BY_CONTENT[content]
@@ -762,7 +766,8 @@ def start_first_hand_plans(fn, g: Graph, layers, call) -> None:
     background while the un-optimized step compiles and the chain model is built.  `call`:
     (abstract args, kwargs, compiled_stats keywords), as `PlanSearch` compiles them."""
     args, kwargs, stats_kw = call
-    first = [plan for pol, _, plan in uniform_plans(g, layers) if pol == HAND_POLICIES[-1]]
+    first = [replace(plan, meta={**plan.meta, "found_by": label})
+             for pol, label, plan in uniform_plans(g, layers) if pol == HAND_POLICIES[-1]]
     for plan in first:
         key = (g.traced.signature, _plan_content(plan))
         if key not in _STARTED and not any(k[0][0] == key[0] and k[1] == key[1] for k in _BY_CONTENT):
@@ -778,9 +783,26 @@ def _chain_builder() -> ThreadPoolExecutor:
     return _BUILDER
 
 
-def _stats(fn, plan: Plan, args, stats_kw: dict, kwargs: dict):
-    """The `CompiledStats` of `fn` under `plan` (module-level, so tests can count compiles)."""
-    return compiled_stats(apply(fn, plan), *args, **stats_kw, **kwargs)
+class _Stats(NamedTuple):
+    stats: CompiledStats
+    same_as: str | None  # the plan compiled before whose program this one's is (not compiled again)
+
+
+def _stats(fn, plan: Plan, args, stats_kw: dict, kwargs: dict) -> _Stats:
+    """The `CompiledStats` of `fn` under `plan`.  A plan whose step lowers to a program compiled
+    before in this process (`StagedStep.program_key`) is not compiled again: its own jaxpr's
+    FLOPs, that program's memory.  Plans written differently can be one program: a policy
+    decides per primitive, and ResNet-50's layers have no matmul, so nothing_saveable and
+    dots_with_no_batch_dims_saveable per layer lowered alike (2.7 s to trace and lower at 1B,
+    where compiling took 8-12 s more: benchmarks/infeasible.py)."""
+    staged = stage_step(apply(fn, plan), *args, **stats_kw, **kwargs)
+    key = staged.program_key()
+    if key in _BY_PROGRAM:
+        st, label = _BY_PROGRAM[key]
+        return _Stats(replace(st, jaxpr_flops=staged.jaxpr_flops, matmul_flops=staged.matmul_flops), label)
+    st = compile_step(staged)
+    _BY_PROGRAM.setdefault(key, (st, plan.meta.get("found_by") or "a plan"))
+    return _Stats(st, None)
 
 
 def _best_compiled(sig, limit: int) -> _Compiled | None:

@@ -6,6 +6,7 @@ import pytest
 
 import autoremat
 from autoremat import _optimize, examples
+from autoremat._hand import HAND_POLICIES
 from autoremat.runtime import compiled_stats
 from autoremat.solver import _peak_model
 
@@ -242,8 +243,8 @@ def test_a_plan_is_compiled_once_whatever_it_is_called(monkeypatch):
     compiled = [(k, c) for (s, k), c in _search._COMPILED.items() if s == sig and c.plan.regions]
     assert compiled
     calls = []
-    real = _search.compiled_stats
-    monkeypatch.setattr(_search, "compiled_stats", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = _search.compile_step
+    monkeypatch.setattr(_search, "compile_step", lambda *a, **k: calls.append(1) or real(*a, **k))
     search = _search.PlanSearch(ex.fn, planned.model.graph, planned.model, tuple(ex.args), {}, {}, 10**9,
                                 {"function": "loss"}, lambda m: None, baseline_peak=planned.baseline_peak)
     key, known = compiled[0]
@@ -261,14 +262,40 @@ def test_the_plan_says_how_many_plans_were_compiled_for_its_budget(monkeypatch):
     from autoremat._optimize import plan_for
 
     calls = []
-    real = _search.compiled_stats
-    monkeypatch.setattr(_search, "compiled_stats", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = _search.compile_step
+    monkeypatch.setattr(_search, "compile_step", lambda *a, **k: calls.append(1) or real(*a, **k))
     ex = examples.get_example("mlp_chain", n_layers=5, width=48, batch=96)
     first = plan_for(ex.fn, 0.7, ex.args).plan
     assert first.meta["compiles"] == len(calls) > 0
     again = plan_for(ex.fn, 0.7, ex.args).plan
     assert again.meta["compiles"] == 0 and len(calls) == first.meta["compiles"]
     assert again.meta["compiled_peak"] == first.meta["compiled_peak"]
+
+
+def test_plans_that_lower_to_one_program_are_compiled_once(monkeypatch):
+    """A JAX policy decides per primitive, so plans written with different policies can be one
+    program: on this small MLP's layers the three policies lower alike.  The search compiles
+    that program once, takes its memory for the others (with their own jaxpr FLOPs), says so,
+    and counts one compile."""
+    from autoremat import _search
+    from autoremat._optimize import plan_for
+
+    calls, said = [], []
+    real = _search.compile_step
+    monkeypatch.setattr(_search, "compile_step", lambda *a, **k: calls.append(1) or real(*a, **k))
+    ex = examples.get_example("mlp_chain", n_layers=4, width=56, batch=72)  # a signature of its own
+    planned = plan_for(ex.fn, 0.7, ex.args, progress=said.append)
+    plan, sig = planned.plan, (planned.traced.signature, planned.model.none_scale)
+    rows = plan.meta["hand_candidates"]
+    assert [r["label"] for r in rows] == [f"{p} per layer" for p in reversed(HAND_POLICIES)]
+    assert len({(r["compiled_peak"], r["extra_flops"]) for r in rows}) == 1
+    assert sum("the same program as dots_saveable per layer, compiled before" in m for m in said) == 2
+    assert len(calls) == plan.meta["compiles"]
+    lowered = [_search.stage_step(autoremat.apply(ex.fn, _search._COMPILED[(sig, ("hand", r["label"]))].plan), *ex.args)
+               for r in (rows[0], rows[2])]
+    assert lowered[0].program_key() == lowered[1].program_key()
+    unoptimized = _search.stage_step(ex.fn, *ex.args)
+    assert unoptimized.program_key() != lowered[0].program_key()  # a program of its own
 
 
 def test_the_first_hand_written_plan_compiles_while_the_chain_model_is_built(monkeypatch):
@@ -280,8 +307,8 @@ def test_the_first_hand_written_plan_compiles_while_the_chain_model_is_built(mon
     from autoremat._optimize import plan_for
 
     threads = []
-    real = _search.compiled_stats
-    monkeypatch.setattr(_search, "compiled_stats",
+    real = _search.compile_step
+    monkeypatch.setattr(_search, "compile_step",
                         lambda *a, **k: threads.append(threading.current_thread().name) or real(*a, **k))
     ex = examples.get_example("mlp_chain", n_layers=4, width=40, batch=88)  # a signature of its own
     plan = plan_for(ex.fn, 0.7, ex.args).plan

@@ -7,6 +7,7 @@ reports as peak is recorded beside it.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import statistics
 import time
@@ -20,7 +21,8 @@ from autoremat._xla import cpu_flags_active
 from autoremat.graph._costs import jaxpr_cost, jaxpr_matmul_flops
 from autoremat.runtime._plan import Plan
 
-__all__ = ["CompiledStats", "ValidationReport", "compile_later", "compiled_stats", "compiled_stats_later", "validate"]
+__all__ = ["CompiledStats", "StagedStep", "ValidationReport", "compile_later", "compile_step", "compiled_stats",
+           "compiled_stats_later", "stage_step", "validate"]
 
 # Compiles that are not run are read for their memory alone, so on XLA:CPU LLVM need not
 # optimize the machine code: buffer assignment is done on HLO before it.  Measured by
@@ -57,6 +59,33 @@ def _value_and_grad(f, argnums, has_aux):
     return jax.value_and_grad(f, argnums=argnums, has_aux=has_aux)
 
 
+@dataclass(frozen=True)
+class StagedStep:
+    """`jax.jit(jax.value_and_grad(fn))` traced and lowered for some arguments, not compiled."""
+
+    lowered: object  # jax.stages.Lowered
+    jaxpr_flops: float
+    matmul_flops: float
+    trace_time: float
+
+    def program_key(self) -> str:
+        """A digest of the lowered program: steps with equal keys compile alike (the same
+        StableHLO, compiled with the same options), however their plans were written
+        (ResNet-50's nothing_saveable and dots_with_no_batch_dims_saveable per layer, whose
+        layers have no matmul, lower to one program)."""
+        return hashlib.sha256(self.lowered.as_text().encode()).hexdigest()
+
+
+def stage_step(fn, *args, argnums=0, static_argnums=(), has_aux=False, **kwargs) -> StagedStep:
+    """The step `compiled_stats` compiles, traced and lowered, with its jaxpr's FLOPs."""
+    _warn_without_cpu_flags()
+    step = jax.jit(_value_and_grad(fn, argnums, has_aux), static_argnums=static_argnums)
+    t0 = time.perf_counter()
+    staged = step.trace(*args, **kwargs)
+    jaxpr_flops, matmul_flops = jaxpr_cost(staged.jaxpr).flops, jaxpr_matmul_flops(staged.jaxpr)
+    return StagedStep(staged.lower(), jaxpr_flops, matmul_flops, time.perf_counter() - t0)
+
+
 def compiled_stats(fn, *args, argnums=0, static_argnums=(), has_aux=False, n_steps: int = 0,
                    warmup: int = 1, **kwargs) -> CompiledStats:
     """Compiles `jax.value_and_grad(fn)` for `args` and reads memory, FLOPs and (optionally) time.
@@ -67,44 +96,56 @@ def compiled_stats(fn, *args, argnums=0, static_argnums=(), has_aux=False, n_ste
       n_steps: if positive, run the compiled step this many times and report the median;
         if 0 on XLA:CPU, compiled with `MEMORY_ONLY_CPU_OPTIONS` (the code is never run).
     """
-    backend = jax.default_backend()
-    if backend == "cpu" and not cpu_flags_active():
+    staged = stage_step(fn, *args, argnums=argnums, static_argnums=static_argnums, has_aux=has_aux, **kwargs)
+    run_args = [a for i, a in enumerate(args) if i not in set(static_argnums)]
+    return compile_step(staged, n_steps, warmup, run_args, kwargs)
+
+
+def _warn_without_cpu_flags() -> None:
+    if jax.default_backend() == "cpu" and not cpu_flags_active():
         warnings.warn(
             "XLA:CPU flags for remat are not set, so compiled memory will not reflect the plan; "
             "set XLA_FLAGS before importing jax (see autoremat._xla.CPU_XLA_FLAGS), e.g. run "
-            "`autoremat.configure_cpu_flags()` first thing", stacklevel=2)
-    step = jax.jit(_value_and_grad(fn, argnums, has_aux), static_argnums=static_argnums)
+            "`autoremat.configure_cpu_flags()` first thing", stacklevel=4)
+
+
+def compile_step(staged: StagedStep, n_steps: int = 0, warmup: int = 1, run_args=(), run_kwargs=None) -> CompiledStats:
+    """`staged` compiled, and read for memory, FLOPs and (with `n_steps`, run on `run_args`) time."""
+    backend = jax.default_backend()
     t0 = time.perf_counter()
-    staged = step.trace(*args, **kwargs)
-    jaxpr_flops, matmul_flops = jaxpr_cost(staged.jaxpr).flops, jaxpr_matmul_flops(staged.jaxpr)
-    compiled = staged.lower().compile(MEMORY_ONLY_CPU_OPTIONS if backend == "cpu" and n_steps <= 0 else None)
-    compile_time = time.perf_counter() - t0
+    compiled = staged.lowered.compile(MEMORY_ONLY_CPU_OPTIONS if backend == "cpu" and n_steps <= 0 else None)
+    compile_time = staged.trace_time + time.perf_counter() - t0
     m = compiled.memory_analysis()
     arg, out, temp, alias = (int(getattr(m, k, 0) or 0) for k in (
         "argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes", "alias_size_in_bytes"))
     host = sum(int(getattr(m, k, 0) or 0) for k in (
         "host_temp_size_in_bytes", "host_argument_size_in_bytes", "host_output_size_in_bytes"))
     xla_peak = getattr(m, "peak_memory_in_bytes", None)
-    flops = None
+    times = _run_times(compiled, n_steps, warmup, run_args, run_kwargs or {})
+    return CompiledStats(arg + out + temp - alias, arg, out, temp, alias, host,
+                         int(xla_peak) if xla_peak is not None else None, _xla_flops(compiled),
+                         statistics.median(times) if times else None, tuple(times), backend, compile_time,
+                         staged.jaxpr_flops, staged.matmul_flops)
+
+
+def _xla_flops(compiled) -> float | None:
     try:
         ca = compiled.cost_analysis()
         if isinstance(ca, (list, tuple)):
             ca = ca[0] if ca else {}
-        flops = float(ca.get("flops")) if ca and "flops" in ca else None
+        return float(ca.get("flops")) if ca and "flops" in ca else None
     except Exception:  # pragma: no cover - backend without cost analysis
-        flops = None
+        return None
+
+
+def _run_times(compiled, n_steps: int, warmup: int, args, kwargs) -> list[float]:
     times: list[float] = []
-    if n_steps > 0:
-        dyn_args = [a for i, a in enumerate(args) if i not in set(static_argnums)]
-        for i in range(warmup + n_steps):
-            t0 = time.perf_counter()
-            jax.block_until_ready(compiled(*dyn_args, **kwargs))
-            if i >= warmup:
-                times.append(time.perf_counter() - t0)
-    return CompiledStats(arg + out + temp - alias, arg, out, temp, alias, host,
-                         int(xla_peak) if xla_peak is not None else None, flops,
-                         statistics.median(times) if times else None, tuple(times), backend, compile_time,
-                         jaxpr_flops, matmul_flops)
+    for i in range(warmup + n_steps if n_steps > 0 else 0):
+        t0 = time.perf_counter()
+        jax.block_until_ready(compiled(*args, **kwargs))
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return times
 
 
 def compiled_stats_later(fn, *args, **kwargs) -> Future:
