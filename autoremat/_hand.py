@@ -199,8 +199,8 @@ class HandSearch:
                     and line[0] + line[1] * o.saved_bytes <= limit]
             if not pool:
                 return
-            o = min(pool, key=lambda o: o.matmul_flops)
-            label = f"solver's saved set per layer ({o.label} of each layer's residual bytes)"
+            o = min(pool, key=lambda o: (o.matmul_flops, o.saved_bytes))  # alike FLOPs: the lower peak
+            label = f"solver's saved set per layer ({_cap(o.label)})"
             got = self.plan(list(o.saved), label)
             self.say(f"{label}: predicted {format_bytes(int(line[0] + line[1] * o.saved_bytes))}, compiled "
                      f"{format_bytes(got.peak)}, +{got.extra_flops / 1e9:.4g} GFLOP")
@@ -325,6 +325,13 @@ class HandSearch:
                 break
             k = max(floor, _next_count(peaks, fit, over, limit, self.curve(lean, fast)))
         return best
+
+
+def _cap(label: str) -> str:
+    """What a solver's set per layer was capped at (`_layer_options.ilp_options`' labels)."""
+    if label.startswith("ilp@"):
+        return f"{label}: capped at the bytes {label[4:]} saves in each layer"
+    return f"{label} of each layer's residual bytes"
 
 
 def _name(option) -> str:

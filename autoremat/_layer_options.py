@@ -6,9 +6,10 @@ JAX's policies choose what a layer saves by primitive; the exact region solver
 
 * `ilp_options(g, layers)`: for each distinct layer of an unrolled stack (`graph.find_layers`;
   identical layers share one solve), the solver's saved sets at the caps of
-  `solver._region_options.DEFAULT_CAPS`, copied onto every layer of its kind (value ids
-  shifted by the layer's position), with the bytes they save and the matmul FLOPs their
-  recomputation costs over the stack.
+  `solver._region_options.DEFAULT_CAPS` and at the bytes each of JAX's matmul policies saves in
+  the layer (`POLICY_CAPS`), copied onto every layer of its kind (value ids shifted by the
+  layer's position), with the bytes they save and the matmul FLOPs their recomputation costs
+  over the stack.
 * `fit_peak_line`: the compiled peak of a uniform plan as `a + b x saved bytes`, fitted on the
   policies compiled per layer (the measurements in context: the same step, every layer alike),
   so an option is compiled only where it is predicted to fit and to recompute less.
@@ -28,7 +29,14 @@ from autoremat.solver._peak_model import stored_residuals
 from autoremat.solver._region import recompute_closure
 from autoremat.solver._region_options import DEFAULT_CAPS, _region_problem, _solve_block_options
 
-__all__ = ["LayerOption", "ilp_options", "fit_peak_line"]
+__all__ = ["LayerOption", "POLICY_CAPS", "ilp_options", "fit_peak_line"]
+
+# Caps at the bytes a JAX policy saves in the layer (the outputs it saves), labelled by it.  At
+# dots_with_no_batch_dims_saveable's bytes the solver's set recomputed half the policy's matmul
+# FLOPs on the Llama, GPT and equinox 1B decoders and compiled 4.3-5.4% above it, where the
+# fixed caps straddle it: GPT's ilp40% set, the same FLOPs, compiled 1.5 GiB higher
+# (benchmarks/results/policy_bytes.md).
+POLICY_CAPS = ("dots_with_no_batch_dims_saveable", "dots_saveable")
 
 
 @dataclass(frozen=True)
@@ -53,7 +61,7 @@ def ilp_options(g: Graph, layers: Sequence[Layer], *, time_limit: float | None =
         if layer.key not in per_key:
             per_key[layer.key] = _solve(g, ops[layer.start:layer.stop], time_limit)
     out, seen = [], set()
-    n_caps = len(DEFAULT_CAPS)
+    n_caps = len(DEFAULT_CAPS) + len(POLICY_CAPS)
     for c in range(n_caps):
         saved, nbytes, flops = [], 0, 0.0
         for layer in layers:
@@ -77,18 +85,31 @@ def ilp_options(g: Graph, layers: Sequence[Layer], *, time_limit: float | None =
 
 
 def _solve(g: Graph, layer_ops, time_limit) -> tuple[int, list]:
-    """(first equation, [(label, saved set, recomputed matmul FLOPs) per cap]) of one layer."""
+    """(first equation, [(label, saved set, recomputed matmul FLOPs) per cap]) of one layer: the
+    caps of DEFAULT_CAPS, then those of POLICY_CAPS (labelled `ilp@<policy>`)."""
     produced = frozenset(v for op in layer_ops for v in op.outputs)
     residuals, _ = stored_residuals(g, layer_ops)
-    kinds = _solve_block_options(g, layer_ops, produced, residuals, DEFAULT_CAPS, "cpsat", time_limit)
+    res_bytes = sum(g.values[v].nbytes for v in residuals if v in produced)
+    policy_caps = [min(1.0, _policy_bytes(g, layer_ops, pol) / max(res_bytes, 1)) for pol in POLICY_CAPS]
+    kinds = _solve_block_options(g, layer_ops, produced, residuals, (*DEFAULT_CAPS, *policy_caps), "cpsat",
+                                 time_limit)
+    ilp = [(label, saved) for label, saved in kinds if label.startswith("ilp")]
+    labels = [label for label, _ in ilp[:len(DEFAULT_CAPS)]] + [f"ilp@{pol}" for pol in POLICY_CAPS]
     problem = _region_problem(g, layer_ops, produced, residuals)
     out = []
-    for label, saved in kinds:
-        if label.startswith("ilp"):
-            closure = recompute_closure(problem, saved)
-            flops = sum(float(g.ops[o].cost.flops) for o in closure if g.ops[o].primitive in MATMUL_PRIMITIVES)
-            out.append((label, frozenset(saved), flops))
+    for label, (_, saved) in zip(labels, ilp):
+        closure = recompute_closure(problem, saved)
+        flops = sum(float(g.ops[o].cost.flops) for o in closure if g.ops[o].primitive in MATMUL_PRIMITIVES)
+        out.append((label, frozenset(saved), flops))
     return layer_ops[0].index, out
+
+
+def _policy_bytes(g: Graph, layer_ops, policy: str) -> int:
+    """Bytes of the outputs JAX's `policy` saves in the layer (jax/_src/ad_checkpoint.py):
+    every matmul's and convolution's, or, without batch dimensions, dot_general's only."""
+    return sum(g.values[v].nbytes for op in layer_ops if op.primitive in MATMUL_PRIMITIVES
+               and (policy == "dots_saveable" or (op.primitive == "dot_general" and not op.params.get("batch_dims")))
+               for v in op.outputs)
 
 
 def _shift(g: Graph, ids, delta: int) -> frozenset | None:
