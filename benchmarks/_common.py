@@ -29,6 +29,37 @@ def provenance(command: str, minutes: float) -> str:
             f"{datetime.date.today()}.")
 
 
+def models_run(description: str, models, out_name: str, argv=None):
+    """(arguments, say, start time) of a results script run over realscale.py models: `--models`
+    (default `models`) and `--out` (default results/`out_name`); `say` prints with the seconds
+    since the start."""
+    import argparse
+    import time
+
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--models", nargs="+", default=list(models))
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", out_name))
+    a = ap.parse_args(argv)
+    t0 = time.perf_counter()
+
+    def say(m):
+        print(f"{time.perf_counter() - t0:7.1f} {m}", flush=True)
+
+    return a, say, t0
+
+
+def write_results(a, say, t0: float, script: str, models, title: str, about: str, body: list) -> None:
+    """Writes `a.out` (`models_run`'s arguments): `title`, where `python benchmarks/<script>` ran
+    (with its `--models` unless they are `models`), `about`, then the `body` lines."""
+    import time
+
+    cmd = f"python benchmarks/{script}" + ("" if a.models == list(models) else " --models " + " ".join(a.models))
+    head = [f"# {title}", "", provenance(cmd, (time.perf_counter() - t0) / 60), "", about, ""]
+    with open(a.out, "w") as f:
+        f.write("\n".join(head + body))
+    say(f"wrote {a.out}")
+
+
 def checkout_args(description: str, argv=None, extra=None):
     """`--root` (the checkout whose autoremat plans) and `--model` (a realscale.py model), with
     that checkout's autoremat put first on the path and XLA:CPU's flags set: the setup of the

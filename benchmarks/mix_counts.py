@@ -21,10 +21,8 @@ each count, c(k) (`autoremat._search.mix_curve`):
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-import time
 
 import autoremat
 
@@ -32,7 +30,7 @@ autoremat.configure_cpu_flags()
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import realscale  # noqa: E402
-from _common import provenance  # noqa: E402
+from _common import models_run, write_results  # noqa: E402
 
 from autoremat._optimize import _chain, _graph  # noqa: E402
 from autoremat._search import mix_curve  # noqa: E402
@@ -105,32 +103,18 @@ def summary(all_rows: list) -> list[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", nargs="+", default=list(MODELS))
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                 "mix_counts.md"))
-    a = ap.parse_args(argv)
-    t0 = time.perf_counter()
-
-    def say(m):
-        print(f"{time.perf_counter() - t0:7.1f} {m}", flush=True)
-
+    a, say, t0 = models_run(__doc__.split("\n")[0], MODELS, "mix_counts.md", argv)
     sections, all_rows = [], []
     for name in a.models:
         desc, rows = model_rows(name, say)
         sections += table(name, desc, rows)
         all_rows += rows
-    cmd = "python benchmarks/mix_counts.py" + ("" if a.models == list(MODELS) else " --models " + " ".join(a.models))
-    head = ["# A two-policy mix's compiled peak, predicted before compiling it", "",
-            provenance(cmd, (time.perf_counter() - t0) / 60), "",
-            "Compiled peak = argument + output + temp - alias of the compiled `value_and_grad` step of the mix "
-            "written by hand (the first n - k layers under the leaner policy, the last k under the faster). "
-            "Predictions from the uniform plans' compiled peaks a (k = 0), b (k = n) and the chain model's "
-            "peak per count c(k): fall = b - (c(n) - c(k)); scaled = a + (c(k) - c(0)) (b - a) / (c(n) - c(0)); "
-            "linear = a + k/n (b - a).  Error = (predicted - compiled) / compiled.", ""]
-    with open(a.out, "w") as f:
-        f.write("\n".join(head + summary(all_rows) + sections))
-    say(f"wrote {a.out}")
+    write_results(a, say, t0, "mix_counts.py", MODELS, "A two-policy mix's compiled peak, predicted before compiling it",
+                  "Compiled peak = argument + output + temp - alias of the compiled `value_and_grad` step of the mix "
+                  "written by hand (the first n - k layers under the leaner policy, the last k under the faster). "
+                  "Predictions from the uniform plans' compiled peaks a (k = 0), b (k = n) and the chain model's "
+                  "peak per count c(k): fall = b - (c(n) - c(k)); scaled = a + (c(k) - c(0)) (b - a) / (c(n) - c(0)); "
+                  "linear = a + k/n (b - a).  Error = (predicted - compiled) / compiled.", summary(all_rows) + sections)
     return 0
 
 

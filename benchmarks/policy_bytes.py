@@ -22,10 +22,8 @@ one's (`CompiledStats.matmul_flops`).  Writes results/policy_bytes.md (~4 min on
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-import time
 
 import autoremat
 
@@ -33,7 +31,7 @@ autoremat.configure_cpu_flags()
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import realscale  # noqa: E402
-from _common import provenance  # noqa: E402
+from _common import models_run, write_results  # noqa: E402
 
 from autoremat._hand import _saves, layer_plan  # noqa: E402
 from autoremat._layer_options import _shift  # noqa: E402
@@ -113,31 +111,17 @@ def table(name: str, desc: str, rows: list) -> list[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", nargs="+", default=list(MODELS))
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                 "policy_bytes.md"))
-    a = ap.parse_args(argv)
-    t0 = time.perf_counter()
-
-    def say(m):
-        print(f"{time.perf_counter() - t0:7.1f} {m}", flush=True)
-
+    a, say, t0 = models_run(__doc__.split("\n")[0], MODELS, "policy_bytes.md", argv)
     sections = []
     for name in a.models:
         desc, rows = model_rows(name, say)
         sections += table(name, desc, rows)
-    cmd = "python benchmarks/policy_bytes.py" + ("" if a.models == list(MODELS) else " --models " + " ".join(a.models))
-    head = ["# The region solver's set at a JAX policy's own bytes per layer", "",
-            provenance(cmd, (time.perf_counter() - t0) / 60), "",
-            "Per layer, the region solver (CP-SAT, least recompute time) capped at the bytes of the outputs the "
-            "policy saves in the layer, against the policy; both applied per layer (`autoremat._hand.layer_plan`) "
-            "and compiled (`value_and_grad`, abstract arguments). Compiled peak = argument + output + temp - alias; "
-            "+TFLOP = matmul FLOPs of the step's jaxpr over the un-optimized step's; model = the region "
-            "problem's count of the matmuls each set recomputes, summed over the layers.", ""]
-    with open(a.out, "w") as f:
-        f.write("\n".join(head + sections))
-    say(f"wrote {a.out}")
+    write_results(a, say, t0, "policy_bytes.py", MODELS, "The region solver's set at a JAX policy's own bytes per layer",
+                  "Per layer, the region solver (CP-SAT, least recompute time) capped at the bytes of the outputs the "
+                  "policy saves in the layer, against the policy; both applied per layer (`autoremat._hand.layer_plan`) "
+                  "and compiled (`value_and_grad`, abstract arguments). Compiled peak = argument + output + temp - "
+                  "alias; +TFLOP = matmul FLOPs of the step's jaxpr over the un-optimized step's; model = the region "
+                  "problem's count of the matmuls each set recomputes, summed over the layers.", sections)
     return 0
 
 
