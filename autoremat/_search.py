@@ -793,8 +793,9 @@ def _stats(fn, plan: Plan, args, stats_kw: dict, kwargs: dict) -> _Stats:
     before in this process (`StagedStep.program_key`) is not compiled again: its own jaxpr's
     FLOPs, that program's memory.  Plans written differently can be one program: a policy
     decides per primitive, and ResNet-50's layers have no matmul, so nothing_saveable and
-    dots_with_no_batch_dims_saveable per layer lowered alike (2.7 s to trace and lower at 1B,
-    where compiling took 8-12 s more: benchmarks/infeasible.py)."""
+    dots_with_no_batch_dims_saveable per layer lowered alike (3.2-4.0 s to trace and lower the
+    second at 1B, where compiling it had taken 10.6 s more: benchmarks/infeasible.py's logs,
+    docs/FINDINGS.md thirteenth session)."""
     staged = stage_step(apply(fn, plan), *args, **stats_kw, **kwargs)
     key = staged.program_key()
     if key in _BY_PROGRAM:
