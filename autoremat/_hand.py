@@ -13,7 +13,8 @@ compiled plan that recomputes the fewest FLOPs.
   also with `prevent_cse=False` on its body (what JAX's docs and MaxText write inside a scan);
   fastest first, up to the first that fits (the leaner ones cannot recompute less).
 * `HandSearch.solver_sets`: the region solver's saved set per layer (`_layer_options`) where a
-  line through the policies' compiled peaks predicts it fits and recomputes less.
+  line through the policies' compiled peaks predicts it fits and recomputes less: an option for
+  the mixes, compiled alone (`HandSearch.sets_alone`) only where none of its mixes fits.
 * `HandSearch.mix`: for a budget between two of them, the last `k` layers under the faster
   policy and the rest under the leaner one; `k` from the faster one's compiled peak less what
   the leaner layers store less (the chain model's peak of each count, for JAX's policies; else
@@ -68,6 +69,7 @@ class HandPlan:
     plan: Plan
     peak: int
     extra_flops: float
+    compiled: bool = True  # False: `peak` is predicted and `extra_flops` the model's count (`solver_sets`)
 
 
 def layer_plan(g: Graph, layers: Sequence[Layer], policies: Sequence, *,
@@ -149,9 +151,18 @@ class HandSearch:
 
     def __init__(self, g: Graph, layers: Sequence[Layer], compile: Callable[[Plan, str], HandPlan],
                  none: HandPlan, say: Callable[[str], None], meta: dict | None = None,
-                 curve: Callable[[object, object], Sequence[int] | None] | None = None):
+                 curve: Callable[[object, object], Sequence[int] | None] | None = None,
+                 known: Callable[[str], HandPlan | None] | None = None,
+                 best_fit: Callable[[int], float] | None = None):
         self.g, self.traced, self.layers, self.compile, self.say = g, g.traced, tuple(layers), compile, say
         self.meta = dict(meta or {})
+        self.known = known or (lambda label: None)  # label -> the plan compiled already (an earlier budget)
+        # limit -> the fewest extra matmul FLOPs of a plan compiled in this process that fits it
+        self.best_fit = best_fit or (lambda limit: min((p.extra_flops for p in self.points.values()
+                                                        if p.compiled and p.peak <= limit), default=math.inf))
+        self.sets: list = []  # `solver_sets`' options not yet taken, likeliest winner first
+        self.line = None  # `fit_peak_line` through the policies' compiled peaks
+        self.set_compiles = 0
         # (lean, fast) -> the model's peak of the mix with k layers of `fast` last, k = 0..n; or
         # None (the caller's chain model, for JAX's policies and no remat; not for solver sets)
         self.curve = curve or (lambda lean, fast: None)
@@ -184,29 +195,63 @@ class HandSearch:
                 return
 
     def solver_sets(self, limit: int, options: Sequence) -> None:
-        """The region solver's saved sets per layer (`_layer_options.ilp_options`) predicted,
-        by the line through the policies' compiled peaks against their saved bytes, to fit
-        `limit` and to recompute fewer matmul FLOPs than the best plan compiled so far that
-        fits: the likeliest winner compiled first, at most MAX_SET_COMPILES in all."""
-        line = fit_peak_line([(self.saved_bytes[p], self.points[p].peak) for p in HAND_POLICIES
-                              if p in self.saved_bytes])
-        if line is None:
+        """The region solver's saved sets per layer (`_layer_options.ilp_options`) predicted, by
+        the line through the policies' compiled peaks against their saved bytes, to fit `limit`
+        and to recompute fewer matmul FLOPs than the best plan so far that fits; the likeliest
+        winner becomes an option at its predicted peak and its model's FLOPs (the compiled
+        step's, exactly, on the 1B decoders: benchmarks/results/policy_bytes.md).  It is not
+        compiled on its own here: a mix of it with a faster option recomputes less, so alone it
+        is the answer only where no such mix fits (`sets_alone`); at the four mix budgets of the
+        unrolled 1B decoders where the set's mix won, compiling it first cost 7-9 s each
+        (benchmarks/budget_log.py --only mix at 7326a42)."""
+        self.line = fit_peak_line([(self.saved_bytes[p], self.points[p].peak) for p in HAND_POLICIES
+                                   if p in self.saved_bytes])
+        if self.line is None:
             return
         share = self.g.device_share()  # options count per-device FLOPs, compiled plans global ones
-        for _ in range(MAX_SET_COMPILES):
-            bound = min((p.extra_flops for p in self.points.values() if p.peak <= limit), default=float("inf"))
-            pool = [o for o in options if o.label not in self.points and o.matmul_flops < bound * share
-                    and line[0] + line[1] * o.saved_bytes <= limit]
-            if not pool:
-                return
-            o = min(pool, key=lambda o: (o.matmul_flops, o.saved_bytes))  # alike FLOPs: the lower peak
+        bound = min((p.extra_flops for p in self.points.values() if p.peak <= limit), default=float("inf"))
+        self.sets = sorted((o for o in options if o.label not in self.points and o.matmul_flops < bound * share
+                            and self._predicted(o) <= limit), key=lambda o: (o.matmul_flops, o.saved_bytes))
+        self._next_set(limit)
+
+    def _predicted(self, o) -> float:
+        return self.line[0] + self.line[1] * o.saved_bytes
+
+    def _next_set(self, limit: int) -> bool:
+        """The next of `sets` as an option (compiled already at an earlier budget: as compiled);
+        False if none is left to take or to compile."""
+        while self.sets and self.set_compiles < MAX_SET_COMPILES:
+            o = self.sets.pop(0)
             label = f"solver's saved set per layer ({_cap(o.label)})"
-            got = self.plan(list(o.saved), label)
-            self.say(f"{label}: predicted {format_bytes(int(line[0] + line[1] * o.saved_bytes))}, compiled "
-                     f"{format_bytes(got.peak)}, +{got.extra_flops / 1e9:.4g} GFLOP")
+            got = self.known(label)
+            if got is None:
+                got = HandPlan(label, layer_plan(self.g, self.layers, list(o.saved), meta=self.meta),
+                               int(self._predicted(o)), o.matmul_flops / self.g.device_share(), compiled=False)
+                self.say(f"{label}: predicted {format_bytes(got.peak)}, +{got.extra_flops / 1e9:.4g} GFLOP: an option "
+                         f"for the mixes, compiled alone only where none of them fits")
             self.points[o.label] = got
             self.choice[o.label] = lambda k, o=o: o.saved[k]
             self.saved_bytes[o.label] = o.saved_bytes
+            if got.peak <= limit:
+                return True
+        return False
+
+    def sets_alone(self, limit: int) -> bool:
+        """The solver's set taken by `solver_sets`, compiled on its own where it could still be
+        the answer (no compiled plan that fits recomputes as little: no mix of it fitted).  True
+        if it compiled over `limit` and the next set took its place (its mixes are then tried)."""
+        best = self.best_fit(limit)
+        for key, p in list(self.points.items()):
+            if p.compiled or p.extra_flops >= best:
+                continue
+            got = self.compile(p.plan, p.label)
+            self.set_compiles += 1
+            self.say(f"{p.label}: predicted {format_bytes(p.peak)}, compiled {format_bytes(got.peak)}, "
+                     f"+{got.extra_flops / 1e9:.4g} GFLOP")
+            self.points[key] = got
+            if got.peak > limit:
+                return self._next_set(limit)
+        return False
 
     def mix(self, limit: int) -> HandPlan | None:
         """The best two-option mix within `limit`, compiled.  Two pairs are tried, best predicted

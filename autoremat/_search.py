@@ -31,6 +31,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -257,6 +258,19 @@ class PlanSearch:
             c = _COMPILED[(self.sig, key)] = c._replace(extra=extra, plan=replace(c.plan, estimated_extra_time=extra))
         return HandPlan(label, c.plan, c.peak, c.matmul)
 
+    def _best_matmul(self, limit: int) -> float:
+        """The fewest extra matmul FLOPs of a plan compiled in this process that fits `limit`."""
+        best = _best_compiled(self.sig, limit)
+        return math.inf if best is None else best.matmul
+
+    def hand_known(self, label: str) -> HandPlan | None:
+        """The hand-written plan `label` as compiled in this process (an earlier budget), or None."""
+        c = _COMPILED.get((self.sig, ("hand", label)))
+        if c is None:
+            return None
+        self.tried[("hand", label)] = c.peak
+        return HandPlan(label, c.plan, c.peak, c.matmul)
+
     def _dtype(self) -> str:
         """The dtype of the first differentiated argument (what the step's matmuls run in)."""
         return next((self.g.values[v].dtype for v in self.g.inputs if self.g.values[v].differentiable), "float32")
@@ -313,13 +327,16 @@ class PlanSearch:
         if not self.layers:
             return
         none = HandPlan("no remat", None, self.baseline_peak, 0.0)
-        hand = HandSearch(self.g, self.layers, self.compile_hand, none, self.say, self.meta, curve=self.mix_curve)
+        hand = HandSearch(self.g, self.layers, self.compile_hand, none, self.say, self.meta, curve=self.mix_curve,
+                          known=self.hand_known, best_fit=self._best_matmul)
         hand.uniform(uniform_plans(self.g, self.layers, self.meta), self.budget)
         key = self.g.traced.signature
         if key not in _LAYER_OPTIONS:  # CP-SAT per distinct layer and cap: once per signature
             _LAYER_OPTIONS[key] = ilp_options(self.g, self.layers)
         hand.solver_sets(self.budget, _LAYER_OPTIONS[key])
         hand.mix(self.budget)
+        while hand.sets_alone(self.budget):  # a set over the budget: the next one, and its mixes
+            hand.mix(self.budget)
         self.twins = self._twin_points(hand.points)
 
     def mix_curve(self, lean, fast) -> list[int] | None:
