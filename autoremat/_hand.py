@@ -157,8 +157,9 @@ class HandSearch:
         self.g, self.traced, self.layers, self.compile, self.say = g, g.traced, tuple(layers), compile, say
         self.meta = dict(meta or {})
         self.known = known or (lambda label: None)  # label -> the plan compiled already (an earlier budget)
+        self.mixes: list[HandPlan] = []  # the mixes compiled (`_settle`)
         # limit -> the fewest extra matmul FLOPs of a plan compiled in this process that fits it
-        self.best_fit = best_fit or (lambda limit: min((p.extra_flops for p in self.points.values()
+        self.best_fit = best_fit or (lambda limit: min((p.extra_flops for p in (*self.points.values(), *self.mixes)
                                                         if p.compiled and p.peak <= limit), default=math.inf))
         self.sets: list = []  # `solver_sets`' options not yet taken, likeliest winner first
         self.line = None  # `fit_peak_line` through the policies' compiled peaks
@@ -361,6 +362,7 @@ class HandSearch:
                             + [self.choice[fast](i) for i in range(n - k, n)],
                             f"{n - k} layers {_name(lean)}, {k} layers {_name(fast)}")
             self.say(f"hand-written mix, {got.label}: compiled {format_bytes(got.peak)}")
+            self.mixes.append(got)
             peaks[k] = got.peak
             if got.peak <= limit:
                 fit, best = k, got

@@ -272,3 +272,54 @@ def test_a_mix_of_unlike_layers_is_found_on_the_models_peak_per_count():
     assert best.label == f"8 layers {lean}, 8 layers {fast}"
     assert compiled == [10, 8, 9]  # first count on the model's rise; 8 on its flat part; 9 shown over
     assert search(None) == (None, [])  # by saved bytes alone: not one layer of dots_saveable fits
+
+
+def test_the_solver_set_alone_is_compiled_only_where_none_of_its_mixes_fits(monkeypatch):
+    """At the unrolled 1B decoders' mix budgets the solver's set per layer was compiled alone
+    before its mixes (7-9 s each) and a mix of it with a faster policy won every time: such a mix
+    recomputes less.  The set is now an option at the peak the policies' line predicts, compiled
+    alone only where no compiled plan that fits recomputes less; and where it then compiles over
+    the budget, the next set takes its place."""
+    from types import SimpleNamespace
+
+    from autoremat._layer_options import LayerOption
+
+    gib, n = 2**30, 18
+    monkeypatch.setattr(_hand, "layer_plan", lambda g, layers, policies, **kw: tuple(policies))
+    said = []
+
+    def search(true_peak, limit=None):
+        hand, mixes, at = _mix_search(ilp_flops=7000.0)
+        limit = limit or at
+        del hand.points["ilp10%"], hand.saved_bytes["ilp10%"]  # the search learns of it from the solver
+        hand.g, hand.say = SimpleNamespace(traced=None, device_share=lambda: 1.0), said.append
+        alone = []
+
+        def compile_alone(plan, label):
+            alone.append(plan[0])
+            return _hand.HandPlan(label, plan, int(true_peak[plan[0]] * gib), 7000e9 if plan[0] == "ilp10%" else 9000e9)
+
+        hand.compile = compile_alone
+        options = [LayerOption(o, (o,) * n, int(n * b * gib), f * 1e9)
+                   for o, b, f in (("ilp10%", 0.07, 7000.0), ("ilp12%", 0.08, 9000.0))]
+        hand.solver_sets(limit, options)
+        return hand, mixes, limit, alone
+
+    hand, mixes, limit, alone = search({"ilp10%": 8.81})
+    assert not hand.points["ilp10%"].compiled and hand.points["ilp10%"].peak < 8.81 * gib  # predicted, not compiled
+    best = hand.mix(limit)
+    assert best.label.startswith("16 layers the solver's ilp10% set")
+    assert not hand.sets_alone(limit) and alone == []  # its mix won: the set alone cannot
+
+    # A budget just above the set's own peak: no mix of it with a faster layer fits, so it is compiled.
+    hand, mixes, limit, alone = search({"ilp10%": 8.81}, int(8.85 * gib))
+    best = hand.mix(limit)
+    assert best is None or best.extra_flops > 7000e9
+    assert not hand.sets_alone(limit) and alone == ["ilp10%"]
+    assert hand.points["ilp10%"].compiled and hand.points["ilp10%"].peak == int(8.81 * gib)
+
+    # Compiled over the budget: the next set is taken, and its mixes are to be tried.
+    hand, mixes, limit, alone = search({"ilp10%": 9.5, "ilp12%": 8.9})
+    hand.mixes.clear()
+    assert hand.sets_alone(limit) and alone == ["ilp10%"] and "ilp12%" in hand.points
+    assert not hand.points["ilp12%"].compiled
