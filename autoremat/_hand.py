@@ -42,10 +42,11 @@ __all__ = ["HAND_POLICIES", "HandPlan", "HandSearch", "layer_plan", "uniform_pla
 # JAX's built-in policies a person applies per layer, leanest first.
 HAND_POLICIES = ("nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_saveable")
 _POLICIES = (None, *HAND_POLICIES)  # the options a person writes per layer (None: no remat)
-# Solver saved sets compiled per search: each is a whole-step compile (5-9 s at 1B).  The line
-# through the policies' peaks predicted the small transformer's ilp25% set at 50.4 MiB
-# (compiled 50.3) and the 16-layer 1B decoder's ilp10% set at 10.33 GiB (compiled 10.84, +5%),
-# so the first one tried may miss; a second covers that, a third has not been seen to pay.
+# Solver saved sets compiled alone per search (`HandSearch.sets_alone`): each is a whole-step
+# compile (5-9 s at 1B).  The line through the policies' peaks predicted the small transformer's
+# ilp25% set at 50.4 MiB (compiled 50.3) and the 16-layer 1B decoder's ilp10% set at 10.33 GiB
+# (compiled 10.84, +5%), so the first one tried may miss; a second covers that, a third has not
+# been seen to pay.
 MAX_SET_COMPILES = 2
 # Compiles spent finding a mix's layer count.  The peak is not linear in it: on the 18-layer
 # 1B decoder (benchmarks/realscale.py) the line through nothing_saveable's and
