@@ -30,7 +30,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from autoremat._layer_options import fit_peak_line
+from autoremat._layer_options import fit_peak_line, policy_saves
 from autoremat._units import format_bytes
 from autoremat.graph._graph import Graph
 from autoremat.graph._layers import Layer, layer_spans
@@ -98,18 +98,6 @@ def layer_plan(g: Graph, layers: Sequence[Layer], policies: Sequence, *,
                 structure=tuple(describe_eqn(e) for e in traced.jaxpr.eqns))
 
 
-def _saves(policy, op, vid: str) -> bool:
-    """Whether `policy` (JAX's, by name; or a set of value ids) saves output `vid` of graph op
-    `op` (jax/_src/ad_checkpoint.py)."""
-    if isinstance(policy, frozenset):
-        return vid in policy
-    if policy == "everything_saveable":
-        return True
-    if policy == "nothing_saveable" or op.primitive != "dot_general":
-        return False
-    return "no_batch" not in policy or not op.params.get("batch_dims")
-
-
 def _records(g: Graph, layers: Sequence[Layer], policies: Sequence) -> dict[str, ValueRecord]:
     """Per value produced at the top level of a layer (or in a scan layer's body) that the
     policy saves or the backward pass reads: saved or recomputed under the layer's policy
@@ -127,8 +115,8 @@ def _records(g: Graph, layers: Sequence[Layer], policies: Sequence) -> dict[str,
         residual = set(graph.residual_values())
         for op in ops:
             for vid in op.outputs:
-                if vid in residual or _saves(pol, op, vid):
-                    decision = "save" if _saves(pol, op, vid) else "recompute"
+                if vid in residual or policy_saves(pol, op, vid):
+                    decision = "save" if policy_saves(pol, op, vid) else "recompute"
                     out[vid] = ValueRecord.from_graph(vid, decision, graph.values[vid], op)
     return out
 

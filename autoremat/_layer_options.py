@@ -29,7 +29,7 @@ from autoremat.solver._peak_model import stored_residuals
 from autoremat.solver._region import recompute_closure
 from autoremat.solver._region_options import DEFAULT_CAPS, _region_problem, _solve_block_options
 
-__all__ = ["LayerOption", "POLICY_CAPS", "ilp_options", "fit_peak_line"]
+__all__ = ["LayerOption", "POLICY_CAPS", "ilp_options", "fit_peak_line", "policy_saves"]
 
 # Caps at the bytes a JAX policy saves in the layer (the outputs it saves), labelled by it.  At
 # dots_with_no_batch_dims_saveable's bytes the solver's set recomputed half the policy's matmul
@@ -104,12 +104,25 @@ def _solve(g: Graph, layer_ops, time_limit) -> tuple[int, list]:
     return layer_ops[0].index, out
 
 
+def policy_saves(policy, op, vid: str) -> bool:
+    """Whether `policy` (one of JAX's by name, `runtime._plan.POLICY_NAMES`; or a set of value
+    ids) saves output `vid` of graph op `op`.  JAX's `DotsSaveable` (jax/_src/ad_checkpoint.py)
+    saves every dot_general's and conv_general_dilated's output, or, without batch dimensions,
+    dot_general's only."""
+    if isinstance(policy, frozenset):
+        return vid in policy
+    if policy == "everything_saveable":
+        return True
+    if policy == "nothing_saveable" or op.primitive not in MATMUL_PRIMITIVES:
+        return False
+    if "no_batch" in policy:
+        return op.primitive == "dot_general" and not op.params.get("batch_dims")
+    return True
+
+
 def _policy_bytes(g: Graph, layer_ops, policy: str) -> int:
-    """Bytes of the outputs JAX's `policy` saves in the layer (jax/_src/ad_checkpoint.py):
-    every matmul's and convolution's, or, without batch dimensions, dot_general's only."""
-    return sum(g.values[v].nbytes for op in layer_ops if op.primitive in MATMUL_PRIMITIVES
-               and (policy == "dots_saveable" or (op.primitive == "dot_general" and not op.params.get("batch_dims")))
-               for v in op.outputs)
+    """Bytes of the outputs JAX's `policy` saves in the layer."""
+    return sum(g.values[v].nbytes for op in layer_ops for v in op.outputs if policy_saves(policy, op, v))
 
 
 def _shift(g: Graph, ids, delta: int) -> frozenset | None:

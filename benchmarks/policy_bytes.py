@@ -6,7 +6,7 @@ autoremat's per-layer saved sets (`autoremat/_layer_options.py`) are the exact r
 residual bytes (`solver._region_options.DEFAULT_CAPS`).  A hand-written policy per layer saves
 some bytes per layer too.  This solves each distinct layer of the unrolled realscale.py models
 once more with the cap at each policy's own bytes (the outputs the policy saves in the layer,
-`autoremat._hand._saves`), copies the set onto every layer of its kind, and compiles it per
+`autoremat._layer_options.policy_saves`), copies the set onto every layer of its kind, and compiles it per
 layer beside the policy per layer: if the set fits where the policy does and recomputes less,
 a cap there is an option the planner lacks.
 
@@ -33,8 +33,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import realscale  # noqa: E402
 from _common import models_run, write_results  # noqa: E402
 
-from autoremat._hand import _saves, layer_plan  # noqa: E402
-from autoremat._layer_options import _shift  # noqa: E402
+from autoremat._hand import layer_plan  # noqa: E402
+from autoremat._layer_options import _shift, policy_saves  # noqa: E402
 from autoremat._optimize import _graph  # noqa: E402
 from autoremat.graph._costs import MATMUL_PRIMITIVES  # noqa: E402
 from autoremat.graph._profiles import detect_profile  # noqa: E402
@@ -56,7 +56,7 @@ def solve_at_policy_bytes(g, layer_ops, policy: str):
     produced = frozenset(v for op in layer_ops for v in op.outputs)
     residuals, _ = stored_residuals(g, layer_ops)
     res_bytes = sum(g.values[v].nbytes for v in residuals if v in produced)
-    policy_set = frozenset(v for op in layer_ops for v in op.outputs if _saves(policy, op, v))
+    policy_set = frozenset(v for op in layer_ops for v in op.outputs if policy_saves(policy, op, v))
     policy_bytes = sum(g.values[v].nbytes for v in policy_set)
     if not policy_bytes or not res_bytes:
         return None

@@ -40,8 +40,8 @@ from policy_bytes import MiB, solve_at_policy_bytes  # noqa: E402
 
 import jax  # noqa: E402
 
-from autoremat._hand import _saves, layer_plan  # noqa: E402
-from autoremat._layer_options import _shift  # noqa: E402
+from autoremat._hand import layer_plan  # noqa: E402
+from autoremat._layer_options import _shift, policy_saves  # noqa: E402
 from autoremat._optimize import _graph  # noqa: E402
 from autoremat.graph._costs import MATMUL_PRIMITIVES  # noqa: E402
 from autoremat.graph._profiles import detect_profile  # noqa: E402
@@ -61,7 +61,7 @@ def cap_rows(g, layer_ops, n: int) -> list[str]:
     produced = frozenset(v for op in layer_ops for v in op.outputs)
     residuals, _ = stored_residuals(g, layer_ops)
     res_bytes = sum(g.values[v].nbytes for v in residuals if v in produced)
-    policy_set = frozenset(v for op in layer_ops for v in op.outputs if _saves(POLICY, op, v))
+    policy_set = frozenset(v for op in layer_ops for v in op.outputs if policy_saves(POLICY, op, v))
     policy_bytes = sum(g.values[v].nbytes for v in policy_set)
     problem = _region_problem(g, layer_ops, produced, residuals)
 

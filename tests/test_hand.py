@@ -84,7 +84,7 @@ def test_the_solver_sets_per_layer_are_plans_with_the_original_gradients():
     matmul FLOPs as the fixed caps grow, none empty on every layer (that is `nothing_saveable`,
     a hand-written plan already), and at the bytes JAX's matmul policies save per layer, sets
     within those bytes; applied per layer, the original gradients."""
-    from autoremat._layer_options import POLICY_CAPS, ilp_options
+    from autoremat._layer_options import POLICY_CAPS, ilp_options, policy_saves
 
     ex = examples.get_example("transformer")
     g, layers = _layers(ex)
@@ -97,7 +97,7 @@ def test_the_solver_sets_per_layer_are_plans_with_the_original_gradients():
     assert "dots_with_no_batch_dims_saveable" in at_policy and set(at_policy) <= set(POLICY_CAPS)
     for pol, o in at_policy.items():
         written = _hand.layer_plan(g, layers, [pol] * len(layers))
-        kept = [v for v in written.values if _hand._saves(pol, g.ops[g.values[v].producer], v)]
+        kept = [v for v in written.values if policy_saves(pol, g.ops[g.values[v].producer], v)]
         assert 0 < o.saved_bytes <= sum(g.values[v].nbytes for v in kept)
     middle = options[len(options) // 2]
     plan = _hand.layer_plan(g, layers, list(middle.saved))
@@ -323,3 +323,26 @@ def test_the_solver_set_alone_is_compiled_only_where_none_of_its_mixes_fits(monk
     hand.mixes.clear()
     assert hand.sets_alone(limit) and alone == ["ilp10%"] and "ilp12%" in hand.points
     assert not hand.points["ilp12%"].compiled
+
+
+@pytest.mark.parametrize("name", ["convnet", "transformer"])
+def test_policy_saves_says_what_jax_policies_save(name):
+    """`_layer_options.policy_saves` against JAX's own policy functions, on every matmul and
+    convolution of the example's top level: `dots_saveable` keeps convolutions too (it once
+    said not, so ResNet-50's and the U-Net's plans recorded their conv outputs as recomputed
+    under it, and their saved bytes as none)."""
+    from autoremat._layer_options import policy_saves
+    from autoremat.runtime._plan import POLICY_NAMES
+
+    ex = examples.get_example(name)
+    g = graph_from_traced(trace(ex.fn, ex.args))
+    checked = 0
+    for op in g.ops.values():
+        if op.primitive not in ("dot_general", "conv_general_dilated") or op.id not in {f"e{op.index}"}:
+            continue
+        eqn = g.traced.jaxpr.eqns[op.index]
+        for pol in POLICY_NAMES:
+            jax_says = getattr(CP, pol)(eqn.primitive, *(v.aval for v in eqn.invars), **eqn.params)
+            assert policy_saves(pol, op, op.outputs[0]) == bool(jax_says), (pol, op.primitive)
+            checked += 1
+    assert checked >= len(POLICY_NAMES) * (4 if name == "convnet" else 8)
