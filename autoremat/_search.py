@@ -619,7 +619,7 @@ class PlanSearch:
         user's tags' plans are all kept).  While a compiled plan fits, UNIFORM_NEAR: the plan
         would only improve on it, and at the policy mixes' budgets of the unrolled 1B decoders
         the one plan tried between 1.1 and 1.3x (dots_saveable once per repeated unit, x1.15-1.27
-        corrected) compiled 18-28% over the budget each time, 6-7 s (benchmarks/budget_log.py
+        corrected) compiled 18-28% over the budget each time, 5-8 s (benchmarks/budget_log.py
         --only mix at 7326a42: Llama, GPT, equinox).  While none fits, UNIFORM_REACH."""
         keep = [c for c in chosen if c.is_tags or self.reachable(c.peak, reach)]
         if len(keep) < len(chosen):
