@@ -152,6 +152,7 @@ class HandSearch:
                                                         if p.compiled and p.peak <= limit), default=math.inf))
         self.sets: list = []  # `solver_sets`' options not yet taken, likeliest winner first
         self.line = None  # `fit_peak_line` through the policies' compiled peaks
+        self.share = 1.0  # one device's share of the step's FLOPs (`solver_sets`)
         self.set_compiles = 0
         # (lean, fast) -> the model's peak of the mix with k layers of `fast` last, k = 0..n; or
         # None (the caller's chain model, for JAX's policies and no remat; not for solver sets)
@@ -198,9 +199,9 @@ class HandSearch:
                                    if p in self.saved_bytes])
         if self.line is None:
             return
-        share = self.g.device_share()  # options count per-device FLOPs, compiled plans global ones
+        self.share = self.g.device_share()  # options count per-device FLOPs, compiled plans global ones
         bound = min((p.extra_flops for p in self.points.values() if p.peak <= limit), default=float("inf"))
-        self.sets = sorted((o for o in options if o.label not in self.points and o.matmul_flops < bound * share
+        self.sets = sorted((o for o in options if o.label not in self.points and o.matmul_flops < bound * self.share
                             and self._predicted(o) <= limit), key=lambda o: (o.matmul_flops, o.saved_bytes))
         self._next_set(limit)
 
@@ -216,7 +217,7 @@ class HandSearch:
             got = self.known(label)
             if got is None:
                 got = HandPlan(label, layer_plan(self.g, self.layers, list(o.saved), meta=self.meta),
-                               int(self._predicted(o)), o.matmul_flops / self.g.device_share(), compiled=False)
+                               int(self._predicted(o)), o.matmul_flops / self.share, compiled=False)
                 self.say(f"{label}: predicted {format_bytes(got.peak)}, +{got.extra_flops / 1e9:.4g} GFLOP: an option "
                          f"for the mixes, compiled alone only where none of them fits")
             self.points[o.label] = got
