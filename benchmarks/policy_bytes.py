@@ -50,9 +50,10 @@ MODELS = ("llama", "gpt", "equinox", "resnet_flax")
 POLICIES = ("dots_with_no_batch_dims_saveable", "dots_saveable")
 
 
-def solve_at_policy_bytes(g, layer_ops, policy: str):
+def solve_at_policy_bytes(g, layer_ops, policy: str, fraction: float = 1.0):
     """(policy's bytes, set's bytes, set, model's matmul FLOPs: policy, set) of one layer; the
-    region solver capped at the bytes of the outputs `policy` saves in it.  None if it saves none."""
+    region solver capped at `fraction` of the bytes of the outputs `policy` saves in it.  None if
+    it saves none."""
     produced = frozenset(v for op in layer_ops for v in op.outputs)
     residuals, _ = stored_residuals(g, layer_ops)
     res_bytes = sum(g.values[v].nbytes for v in residuals if v in produced)
@@ -60,7 +61,7 @@ def solve_at_policy_bytes(g, layer_ops, policy: str):
     policy_bytes = sum(g.values[v].nbytes for v in policy_set)
     if not policy_bytes or not res_bytes:
         return None
-    cap = min(1.0, policy_bytes / res_bytes)
+    cap = min(1.0, fraction * policy_bytes / res_bytes)
     _, saved = _solve_block_options(g, layer_ops, produced, residuals, (cap,), "cpsat", 10.0)[-1]
     problem = _region_problem(g, layer_ops, produced, residuals)
 

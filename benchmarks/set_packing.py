@@ -41,16 +41,12 @@ from policy_bytes import MiB, solve_at_policy_bytes  # noqa: E402
 import jax  # noqa: E402
 
 from autoremat._hand import layer_plan  # noqa: E402
-from autoremat._layer_options import _shift, policy_saves  # noqa: E402
+from autoremat._layer_options import _shift  # noqa: E402
 from autoremat._optimize import _graph  # noqa: E402
-from autoremat.graph._costs import MATMUL_PRIMITIVES  # noqa: E402
 from autoremat.graph._profiles import detect_profile  # noqa: E402
 from autoremat.graph._trace import trace  # noqa: E402
 from autoremat.runtime import apply  # noqa: E402
 from autoremat.runtime._validate import MEMORY_ONLY_CPU_OPTIONS  # noqa: E402
-from autoremat.solver._peak_model import stored_residuals  # noqa: E402
-from autoremat.solver._region import recompute_closure  # noqa: E402
-from autoremat.solver._region_options import _region_problem, _solve_block_options  # noqa: E402
 
 POLICY = "dots_with_no_batch_dims_saveable"
 FRACTIONS = (1.0, 0.95, 0.9, 0.8, 0.7, 0.5)
@@ -58,23 +54,12 @@ FRACTIONS = (1.0, 0.95, 0.9, 0.8, 0.7, 0.5)
 
 def cap_rows(g, layer_ops, n: int) -> list[str]:
     """The set's bytes and the stack's recomputed matmul FLOPs at fractions of the policy's bytes."""
-    produced = frozenset(v for op in layer_ops for v in op.outputs)
-    residuals, _ = stored_residuals(g, layer_ops)
-    res_bytes = sum(g.values[v].nbytes for v in residuals if v in produced)
-    policy_set = frozenset(v for op in layer_ops for v in op.outputs if policy_saves(POLICY, op, v))
-    policy_bytes = sum(g.values[v].nbytes for v in policy_set)
-    problem = _region_problem(g, layer_ops, produced, residuals)
-
-    def matmul(s):
-        return n * sum(float(g.ops[o].cost.flops) for o in recompute_closure(problem, s)
-                       if g.ops[o].primitive in MATMUL_PRIMITIVES)
-
-    rows = [f"| the policy | {policy_bytes / MiB:.1f} | {matmul(policy_set) / 1e12:.3f} |"]
+    rows = []
     for f in FRACTIONS:
-        _, saved = _solve_block_options(g, layer_ops, produced, residuals, (f * policy_bytes / res_bytes,),
-                                        "cpsat", 10.0)[-1]
-        rows.append(f"| set at {f:.2f} x its bytes | {sum(g.values[v].nbytes for v in saved) / MiB:.1f} | "
-                    f"{matmul(saved) / 1e12:.3f} |")
+        policy_bytes, set_bytes, _, policy_flops, set_flops = solve_at_policy_bytes(g, layer_ops, POLICY, f)
+        if not rows:
+            rows.append(f"| the policy | {policy_bytes / MiB:.1f} | {n * policy_flops / 1e12:.3f} |")
+        rows.append(f"| set at {f:.2f} x its bytes | {set_bytes / MiB:.1f} | {n * set_flops / 1e12:.3f} |")
     return rows
 
 
