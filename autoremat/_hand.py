@@ -30,7 +30,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from autoremat._layer_options import fit_peak_line, policy_saves
+from autoremat._layer_options import fit_peak_line, policy_keeps
 from autoremat._units import format_bytes
 from autoremat.graph._graph import Graph
 from autoremat.graph._layers import Layer, layer_spans
@@ -100,8 +100,8 @@ def layer_plan(g: Graph, layers: Sequence[Layer], policies: Sequence, *,
 
 def _records(g: Graph, layers: Sequence[Layer], policies: Sequence) -> dict[str, ValueRecord]:
     """Per value produced at the top level of a layer (or in a scan layer's body) that the
-    policy saves or the backward pass reads: saved or recomputed under the layer's policy
-    (values inside nested calls are not listed)."""
+    policy stores (`policy_keeps`) or the backward pass reads: saved or recomputed under the
+    layer's policy (values inside nested calls are not listed)."""
     out = {}
     for layer, pol in zip(layers, policies):
         if pol is None:
@@ -112,11 +112,11 @@ def _records(g: Graph, layers: Sequence[Layer], policies: Sequence) -> dict[str,
             ops = list(graph.ops.values())
         else:
             graph, ops = g, [op for op in g.ops.values() if layer.start <= op.index < layer.stop]
-        residual = set(graph.residual_values())
+        residual, keeps = set(graph.residual_values()), policy_keeps(graph, ops, pol)
         for op in ops:
             for vid in op.outputs:
-                if vid in residual or policy_saves(pol, op, vid):
-                    decision = "save" if policy_saves(pol, op, vid) else "recompute"
+                if vid in residual or vid in keeps:
+                    decision = "save" if vid in keeps else "recompute"
                     out[vid] = ValueRecord.from_graph(vid, decision, graph.values[vid], op)
     return out
 

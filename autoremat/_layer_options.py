@@ -26,10 +26,10 @@ from autoremat.graph._costs import MATMUL_PRIMITIVES
 from autoremat.graph._graph import Graph
 from autoremat.graph._layers import Layer
 from autoremat.solver._peak_model import stored_residuals
-from autoremat.solver._region import recompute_closure
+from autoremat.solver._region import recompute_closure, region_solution
 from autoremat.solver._region_options import DEFAULT_CAPS, _region_problem, _solve_block_options
 
-__all__ = ["LayerOption", "POLICY_CAPS", "ilp_options", "fit_peak_line", "policy_saves"]
+__all__ = ["LayerOption", "POLICY_CAPS", "ilp_options", "fit_peak_line", "policy_saves", "policy_keeps"]
 
 # Caps at the bytes a JAX policy saves in the layer (the outputs it saves), labelled by it.  At
 # dots_with_no_batch_dims_saveable's bytes the solver's set recomputed half the policy's matmul
@@ -87,21 +87,26 @@ def ilp_options(g: Graph, layers: Sequence[Layer], *, time_limit: float | None =
 def _solve(g: Graph, layer_ops, time_limit) -> tuple[int, list]:
     """(first equation, [(label, saved set, recomputed matmul FLOPs) per cap]) of one layer: the
     caps of DEFAULT_CAPS, then those of POLICY_CAPS (labelled `ilp@<policy>`)."""
-    produced = frozenset(v for op in layer_ops for v in op.outputs)
-    residuals, _ = stored_residuals(g, layer_ops)
+    produced, residuals, problem = _layer_problem(g, layer_ops)
     res_bytes = sum(g.values[v].nbytes for v in residuals if v in produced)
     policy_caps = [min(1.0, _policy_bytes(g, layer_ops, pol) / max(res_bytes, 1)) for pol in POLICY_CAPS]
     kinds = _solve_block_options(g, layer_ops, produced, residuals, (*DEFAULT_CAPS, *policy_caps), "cpsat",
                                  time_limit)
     ilp = [(label, saved) for label, saved in kinds if label.startswith("ilp")]
     labels = [label for label, _ in ilp[:len(DEFAULT_CAPS)]] + [f"ilp@{pol}" for pol in POLICY_CAPS]
-    problem = _region_problem(g, layer_ops, produced, residuals)
     out = []
     for label, (_, saved) in zip(labels, ilp):
         closure = recompute_closure(problem, saved)
         flops = sum(float(g.ops[o].cost.flops) for o in closure if g.ops[o].primitive in MATMUL_PRIMITIVES)
         out.append((label, frozenset(saved), flops))
     return layer_ops[0].index, out
+
+
+def _layer_problem(g: Graph, layer_ops):
+    """(values the layer makes, the residuals XLA keeps of them, its region problem)."""
+    produced = frozenset(v for op in layer_ops for v in op.outputs)
+    residuals, _ = stored_residuals(g, layer_ops)
+    return produced, residuals, _region_problem(g, layer_ops, produced, residuals)
 
 
 def policy_saves(policy, op, vid: str) -> bool:
@@ -120,9 +125,23 @@ def policy_saves(policy, op, vid: str) -> bool:
     return True
 
 
+def policy_keeps(g: Graph, layer_ops, policy) -> frozenset:
+    """The outputs `policy` saves in the layer that its backward pass reads, directly or to
+    re-run what it recomputes.  JAX's partial evaluation stores no others: a layer's last matmul,
+    whose output only the next layer reads, is saveable under the dots policies but not stored
+    (the 1B decoders of benchmarks/realscale.py, `jax.ad_checkpoint.print_saved_residuals`: 6 of
+    each Llama layer's 7 dot outputs under dots_with_no_batch_dims_saveable, 304 MiB of 336).
+    Counting it put a saved set of the policy's counted bytes at the policy's peak, where it
+    compiled 32 MiB per layer above (benchmarks/results/set_packing.md)."""
+    saves = frozenset(v for op in layer_ops for v in op.outputs if policy_saves(policy, op, v))
+    if not saves:
+        return saves
+    return region_solution(_layer_problem(g, layer_ops)[2], saves, "policy").saved
+
+
 def _policy_bytes(g: Graph, layer_ops, policy: str) -> int:
-    """Bytes of the outputs JAX's `policy` saves in the layer."""
-    return sum(g.values[v].nbytes for op in layer_ops for v in op.outputs if policy_saves(policy, op, v))
+    """Bytes of the outputs JAX's `policy` stores in the layer (`policy_keeps`)."""
+    return sum(g.values[v].nbytes for v in policy_keeps(g, layer_ops, policy))
 
 
 def _shift(g: Graph, ids, delta: int) -> frozenset | None:

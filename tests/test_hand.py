@@ -84,7 +84,7 @@ def test_the_solver_sets_per_layer_are_plans_with_the_original_gradients():
     matmul FLOPs as the fixed caps grow, none empty on every layer (that is `nothing_saveable`,
     a hand-written plan already), and at the bytes JAX's matmul policies save per layer, sets
     within those bytes; applied per layer, the original gradients."""
-    from autoremat._layer_options import POLICY_CAPS, ilp_options, policy_saves
+    from autoremat._layer_options import POLICY_CAPS, ilp_options
 
     ex = examples.get_example("transformer")
     g, layers = _layers(ex)
@@ -97,8 +97,7 @@ def test_the_solver_sets_per_layer_are_plans_with_the_original_gradients():
     assert "dots_with_no_batch_dims_saveable" in at_policy and set(at_policy) <= set(POLICY_CAPS)
     for pol, o in at_policy.items():
         written = _hand.layer_plan(g, layers, [pol] * len(layers))
-        kept = [v for v in written.values if policy_saves(pol, g.ops[g.values[v].producer], v)]
-        assert 0 < o.saved_bytes <= sum(g.values[v].nbytes for v in kept)
+        assert 0 < o.saved_bytes <= sum(r.nbytes for r in written.values.values() if r.decision == "save")
     middle = options[len(options) // 2]
     plan = _hand.layer_plan(g, layers, list(middle.saved))
     assert sum(r.nbytes for r in plan.values.values() if r.decision == "save") == middle.saved_bytes
@@ -346,3 +345,26 @@ def test_policy_saves_says_what_jax_policies_save(name):
             assert policy_saves(pol, op, op.outputs[0]) == bool(jax_says), (pol, op.primitive)
             checked += 1
     assert checked >= len(POLICY_NAMES) * (4 if name == "convnet" else 8)
+
+
+@pytest.mark.parametrize("name", ["transformer", "transformer_scan", "mlp_chain", "convnet"])
+def test_policy_plans_record_what_jax_stores(name):
+    """A policy per layer records as saved the bytes JAX stores for the backward pass: the
+    residuals of `jax.vjp` of the planned step, less those with `nothing_saveable` per layer
+    (scan bodies: per iteration, times the trip count: the records' multiplicity).  A matmul output the backward never
+    reads (a layer's last, read only by the next layer) is saveable but not stored; counting
+    it had put the transformer's dots_with_no_batch_dims_saveable at 18.9 MB where JAX stores
+    16.8, and mlp_chain's at 3.7 MB where JAX stores none."""
+    ex = examples.get_example(name)
+    g, layers = _layers(ex)
+
+    def stored(pol):
+        plan = _hand.layer_plan(g, layers, [pol] * len(layers))
+        _, vjp = jax.vjp(apply(ex.fn, plan), *ex.args)
+        return plan, sum(a.size * a.dtype.itemsize for a in jax.tree_util.tree_leaves(vjp))
+
+    _, base = stored("nothing_saveable")
+    for pol in ("dots_with_no_batch_dims_saveable", "dots_saveable"):
+        plan, jax_bytes = stored(pol)
+        recorded = sum(r.nbytes * r.multiplicity for r in plan.values.values() if r.decision == "save")
+        assert recorded == jax_bytes - base, pol
