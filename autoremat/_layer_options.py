@@ -31,11 +31,13 @@ from autoremat.solver._region_options import DEFAULT_CAPS, _region_problem, _sol
 
 __all__ = ["LayerOption", "POLICY_CAPS", "ilp_options", "fit_peak_line", "policy_saves", "policy_keeps"]
 
-# Caps at the bytes a JAX policy saves in the layer (the outputs it saves), labelled by it.  At
-# dots_with_no_batch_dims_saveable's bytes the solver's set recomputed half the policy's matmul
-# FLOPs on the Llama, GPT and equinox 1B decoders and compiled 4.3-5.4% above it, where the
-# fixed caps straddle it: GPT's ilp40% set, the same FLOPs, compiled 1.5 GiB higher
-# (benchmarks/results/policy_bytes.md).
+# Caps at the bytes of the outputs a JAX policy may save in the layer (`policy_saves`), labelled
+# by it.  That is one activation per decoder layer more than the policy stores (`policy_keeps`:
+# the layer's last matmul output, which its backward never reads).  There the solver's set
+# recomputed half the policy's matmul FLOPs on the Llama, GPT and equinox 1B decoders and
+# compiled 4.3-5.4% above it, where the fixed caps straddle it: GPT's ilp40% set, the same
+# FLOPs, compiled 1.5 GiB higher (benchmarks/results/policy_bytes.md).  At the bytes the policy
+# stores, Llama's set recomputes the policy's own FLOPs (results/set_packing.md): no option.
 POLICY_CAPS = ("dots_with_no_batch_dims_saveable", "dots_saveable")
 
 
@@ -140,8 +142,8 @@ def policy_keeps(g: Graph, layer_ops, policy) -> frozenset:
 
 
 def _policy_bytes(g: Graph, layer_ops, policy: str) -> int:
-    """Bytes of the outputs JAX's `policy` stores in the layer (`policy_keeps`)."""
-    return sum(g.values[v].nbytes for v in policy_keeps(g, layer_ops, policy))
+    """Bytes of the outputs JAX's `policy` may save in the layer (`policy_saves`)."""
+    return sum(g.values[v].nbytes for op in layer_ops for v in op.outputs if policy_saves(policy, op, v))
 
 
 def _shift(g: Graph, ids, delta: int) -> frozenset | None:
