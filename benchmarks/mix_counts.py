@@ -9,11 +9,13 @@ neighbouring policies, the mixes with k = 1, 2, 3, n/4, n/2, 3n/4, n-1 layers of
 layers stop setting the peak, and there XLA's peak is not even monotone in k: docs/FINDINGS.md,
 ninth session), and sets each against three predictions made
 from the two uniform plans' compiled peaks a (k = 0) and b (k = n) and the chain model's peak of
-each count, c(k) (`autoremat._search.mix_curve`):
+each count, c(k) (`autoremat._search.mix_curve`), and, as `HandSearch` does without a curve,
+the bytes each policy stores per layer (JAX's: the per-layer plans' records, `policy_keeps`), s:
 
 * fall:   b - (c(n) - c(k))                                  (the model's bytes, from b down)
 * scaled: a + (c(k) - c(0)) * (b - a) / (c(n) - c(0))        (the model's shape, between a and b)
 * linear: a + k / n * (b - a)
+* bytes:  max(a, b - (n - k) * (s(fast) - s(lean)) / n)      (`HandSearch._first_count`'s step)
 
     .venv/bin/python benchmarks/mix_counts.py                          # writes results/mix_counts.md
     .venv/bin/python benchmarks/mix_counts.py --models equinox --out /tmp/m.md
@@ -32,7 +34,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import realscale  # noqa: E402
 from _common import models_run, write_results  # noqa: E402
 
-from autoremat._optimize import _chain, _graph  # noqa: E402
+from autoremat._hand import layer_plan  # noqa: E402
+from autoremat._optimize import _chain, _graph, _raw_chain  # noqa: E402
 from autoremat._search import mix_curve  # noqa: E402
 from autoremat.graph._profiles import detect_profile  # noqa: E402
 from autoremat.graph._trace import trace  # noqa: E402
@@ -40,13 +43,14 @@ from autoremat.runtime._validate import compiled_stats  # noqa: E402
 
 GiB = 2**30
 MODELS = ("llama", "gpt", "equinox", "resnet_flax")
-ESTIMATORS = ("fall", "scaled", "linear")
+ESTIMATORS = ("fall", "scaled", "linear", "bytes")
 
 
-def predictions(a: int, b: int, c: list, k: int) -> dict:
+def predictions(a: int, b: int, c: list, k: int, step: float) -> dict:
     n = len(c) - 1
     span = max(c[n] - c[0], 1)
-    return {"fall": b - (c[n] - c[k]), "scaled": a + (c[k] - c[0]) * (b - a) / span, "linear": a + k / n * (b - a)}
+    return {"fall": b - (c[n] - c[k]), "scaled": a + (c[k] - c[0]) * (b - a) / span, "linear": a + k / n * (b - a),
+            "bytes": max(a, b - (n - k) * step)}
 
 
 def model_rows(name: str, say) -> tuple[str, list]:
@@ -59,13 +63,16 @@ def model_rows(name: str, say) -> tuple[str, list]:
         return desc, []
     base = compiled_stats(fn, *args).peak_bytes
     stats_kw = dict(argnums=traced.argnums, static_argnums=(), has_aux=False)
-    model, _ = _chain(fn, g, detect_profile(), False, (args, {}, stats_kw), base, say)
+    profile = detect_profile()
+    model, _ = _chain(fn, g, _raw_chain(g, profile, False, say), profile, False, (args, {}, stats_kw), base, say)
 
     def peak(pols):
         hand_fn, hand_args, _, _ = realscale.make_model(name, pols)
         return compiled_stats(hand_fn, *hand_args).peak_bytes
 
     uniform = {p: peak([p] * n) for p in realscale.POLICIES}
+    stored = {p: sum(r.nbytes * r.multiplicity for r in layer_plan(g, layers, [p] * n).values.values()
+                     if r.decision == "save") for p in realscale.POLICIES}
     rows = []
     for lean, fast in zip(realscale.POLICIES, realscale.POLICIES[1:]):
         a, b = uniform[lean], uniform[fast]
@@ -75,7 +82,7 @@ def model_rows(name: str, say) -> tuple[str, list]:
             continue
         for k in sorted({1, 2, 3, n // 4, n // 2, 3 * n // 4, n - 1}):
             got = peak([lean] * (n - k) + [fast] * k)
-            rows.append((lean, fast, n, k, got, predictions(a, b, curve, k)))
+            rows.append((lean, fast, n, k, got, predictions(a, b, curve, k, (stored[fast] - stored[lean]) / n)))
             say(f"{name} {n - k} {lean} + {k} {fast}: compiled {got / GiB:.3f} GiB, "
                 + ", ".join(f"{e} {v / GiB:.3f}" for e, v in rows[-1][5].items()))
     return desc, rows
@@ -114,7 +121,8 @@ def main(argv=None) -> int:
                   "written by hand (the first n - k layers under the leaner policy, the last k under the faster). "
                   "Predictions from the uniform plans' compiled peaks a (k = 0), b (k = n) and the chain model's "
                   "peak per count c(k): fall = b - (c(n) - c(k)); scaled = a + (c(k) - c(0)) (b - a) / (c(n) - c(0)); "
-                  "linear = a + k/n (b - a).  Error = (predicted - compiled) / compiled.", summary(all_rows) + sections)
+                  "linear = a + k/n (b - a); bytes = max(a, b - (n - k) (s(fast) - s(lean)) / n), s = the bytes JAX stores "
+                  "under a policy per layer, over the stack.  Error = (predicted - compiled) / compiled.", summary(all_rows) + sections)
     return 0
 
 
