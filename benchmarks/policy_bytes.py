@@ -34,16 +34,15 @@ import realscale  # noqa: E402
 from _common import models_run, write_results  # noqa: E402
 
 from autoremat._hand import layer_plan  # noqa: E402
-from autoremat._layer_options import _shift, policy_saves  # noqa: E402
+from autoremat._layer_options import _layer_problem, _shift, policy_saves  # noqa: E402
 from autoremat._optimize import _graph  # noqa: E402
 from autoremat.graph._costs import MATMUL_PRIMITIVES  # noqa: E402
 from autoremat.graph._profiles import detect_profile  # noqa: E402
 from autoremat.graph._trace import trace  # noqa: E402
 from autoremat.runtime import apply  # noqa: E402
 from autoremat.runtime._validate import compiled_stats, stage_step  # noqa: E402
-from autoremat.solver._peak_model import stored_residuals  # noqa: E402
 from autoremat.solver._region import recompute_closure  # noqa: E402
-from autoremat.solver._region_options import _region_problem, _solve_block_options  # noqa: E402
+from autoremat.solver._region_options import _solve_block_options  # noqa: E402
 
 GiB, MiB = 2**30, 2**20
 MODELS = ("llama", "gpt", "equinox", "resnet_flax")
@@ -54,8 +53,7 @@ def solve_at_policy_bytes(g, layer_ops, policy: str, fraction: float = 1.0):
     """(policy's bytes, set's bytes, set, model's matmul FLOPs: policy, set) of one layer; the
     region solver capped at `fraction` of the bytes of the outputs `policy` saves in it.  None if
     it saves none."""
-    produced = frozenset(v for op in layer_ops for v in op.outputs)
-    residuals, _ = stored_residuals(g, layer_ops)
+    produced, residuals, problem = _layer_problem(g, layer_ops)
     res_bytes = sum(g.values[v].nbytes for v in residuals if v in produced)
     policy_set = frozenset(v for op in layer_ops for v in op.outputs if policy_saves(policy, op, v))
     policy_bytes = sum(g.values[v].nbytes for v in policy_set)
@@ -63,7 +61,6 @@ def solve_at_policy_bytes(g, layer_ops, policy: str, fraction: float = 1.0):
         return None
     cap = min(1.0, fraction * policy_bytes / res_bytes)
     _, saved = _solve_block_options(g, layer_ops, produced, residuals, (cap,), "cpsat", 10.0)[-1]
-    problem = _region_problem(g, layer_ops, produced, residuals)
 
     def matmul(s):
         return sum(float(g.ops[o].cost.flops) for o in recompute_closure(problem, s)
