@@ -14,10 +14,12 @@ the compiled peak:
   what the layers before it store, so that policy's compiled peak less what it stores beyond
   the set, and at least the compiled peak of the policy that stores the most below it.
 
-Error = (predicted - compiled) / compiled.  Writes results/set_peaks.md (~10 min on 2 cores):
+Error = (predicted - compiled) / compiled.  Writes results/set_peaks.md (~8 min on 2 cores);
+with `--layout`, sharded.py's 1B decoder on its 8-device host mesh (peaks and bytes per device):
 
     .venv/bin/python benchmarks/set_peaks.py
     .venv/bin/python benchmarks/set_peaks.py --models gpt --out /tmp/s.md
+    .venv/bin/python benchmarks/set_peaks.py --layout fsdp_tp --models llama1b --out results/set_peaks_fsdp_tp.md
 """
 
 from __future__ import annotations
@@ -63,8 +65,11 @@ def step(points: list, nbytes: int) -> float | None:
     return max(floor, peak - (stored - nbytes))
 
 
-def model_rows(name: str, say) -> tuple[str, list]:
+def model_rows(name: str, say, layout=None) -> tuple[str, list]:
     fn, args, desc, n = realscale.make_model(name)
+    if layout:
+        args, _ = sys.modules["sharded"].sharded(layout, *args)
+        desc += f"; {sys.modules['sharded'].LAYOUTS[layout][1]}, per device"
     traced = trace(fn, args, {}, skip_integer_leaves=False)
     g, layers = _graph(traced, detect_profile(), say)
     points, rows = [], []
@@ -108,13 +113,22 @@ def summary(all_rows: list) -> list[str]:
 
 
 def main(argv=None) -> int:
-    a, say, t0 = models_run(__doc__.split("\n")[0], MODELS, "set_peaks.md", argv)
+    import argparse
+    import importlib
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--layout", choices=("fsdp", "fsdp_tp"), default=None)
+    known, rest = pre.parse_known_args(argv)
+    if known.layout:  # sharded.py's 8-device host mesh, set before JAX starts, and its models
+        importlib.import_module("sharded")
+    a, say, t0 = models_run(__doc__.split("\n")[0], MODELS, "set_peaks.md", rest)
     sections, all_rows = [], []
     for name in a.models:
-        desc, policies, rows = model_rows(name, say)
+        desc, policies, rows = model_rows(name, say, known.layout)
         sections += table(name, desc, policies, rows)
         all_rows += rows
-    write_results(a, say, t0, "set_peaks.py", MODELS, "A per-layer saved set's compiled peak, predicted before "
+    script = "set_peaks.py" + (f" --layout {known.layout}" if known.layout else "")
+    write_results(a, say, t0, script, MODELS, "A per-layer saved set's compiled peak, predicted before "
                   "compiling it", "Compiled peak = argument + output + temp - alias of the compiled `value_and_grad` "
                   "step (abstract arguments) with the plan on every layer (`autoremat._hand.layer_plan`). Stores: the "
                   "bytes the plan keeps for the backward pass beyond `nothing_saveable`, over the stack. line, step: "
