@@ -187,8 +187,10 @@ class HandSearch:
 
     def solver_sets(self, limit: int, options: Sequence) -> None:
         """The region solver's saved sets per layer (`_layer_options.ilp_options`) predicted, by
-        the line through the policies' compiled peaks against their saved bytes, to fit `limit`
-        and to recompute fewer matmul FLOPs than the best plan so far that fits; the likeliest
+        the line through the policies' compiled peaks against their saved bytes (within -2.5..+4.9%
+        of the compiled peaks of the sets that could win on the 1B decoders,
+        benchmarks/results/set_peaks.md), to fit `limit` in a mix with at least one faster layer
+        (`_lean_floor`) and to recompute fewer matmul FLOPs than the best plan so far that fits; the likeliest
         winner becomes an option at its predicted peak and its model's FLOPs (the compiled
         step's, exactly, on the 1B decoders: benchmarks/results/policy_bytes.md).  It is not
         compiled on its own here: a mix of it with a faster option recomputes less, so alone it
@@ -202,7 +204,8 @@ class HandSearch:
         self.share = self.g.device_share()  # options count per-device FLOPs, compiled plans global ones
         bound = min((p.extra_flops for p in self.points.values() if p.peak <= limit), default=float("inf"))
         self.sets = sorted((o for o in options if o.label not in self.points and o.matmul_flops < bound * self.share
-                            and self._predicted(o) <= limit), key=lambda o: (o.matmul_flops, o.saved_bytes))
+                            and self._may_fit(self._predicted(o), o.saved_bytes, o.matmul_flops / self.share, limit)),
+                           key=lambda o: (o.matmul_flops, o.saved_bytes))
         self._next_set(limit)
 
     def _predicted(self, o) -> float:
@@ -223,9 +226,40 @@ class HandSearch:
             self.points[o.label] = got
             self.choice[o.label] = lambda k, o=o: o.saved[k]
             self.saved_bytes[o.label] = o.saved_bytes
-            if got.peak <= limit:
+            if self._may_fit(got.peak, o.saved_bytes, got.extra_flops, limit):
                 return True
         return False
+
+    def _may_fit(self, peak: float, nbytes: int, flops: float, limit: int) -> bool:
+        """Whether a set of `peak` storing `nbytes` over the stack fits `limit`, alone or in a mix
+        with a compiled faster policy on its last layers (at least `_lean_floor` of them): that
+        policy's layer peaks while it runs backward at its own peak less, per set layer, what it
+        stores beyond the set (the chain formula of `_first_count`)."""
+        if peak <= limit:
+            return True
+        n = len(self.layers)
+        k = self._floor_of(peak, nbytes, limit)
+        return any(self.points[p].peak - (n - k) * (self.saved_bytes[p] - nbytes) / n <= limit
+                   for p in HAND_POLICIES if p in self.points and p in self.saved_bytes and k < n
+                   and self.saved_bytes[p] > nbytes and self.points[p].extra_flops < flops)
+
+    def _lean_floor(self, lean, limit: int) -> int:
+        """The fewest last layers of a faster option with which `lean` on the others may fit
+        `limit`; n if none.  Backward runs from the last layer, so by the time the first `lean`
+        layer runs backward the faster layers have freed what they stored: that moment peaks at
+        `lean`'s own peak less what its k layers would have stored.  A saved set's own backward
+        recomputes more than a faster policy's, so its mixes peak lower than its own peak less
+        the bytes it stores beyond them: FSDP x TP's ilp10% set, predicted at 4.355 GiB, with 1
+        of 18 layers `dots_with_no_batch_dims_saveable` compiled to 4.31; on the single-device
+        Llama 1B, compiled peak less stored bytes is 9.18 GiB for that set and 8.05 for the
+        policy (benchmarks/results/set_peaks*.md)."""
+        return self._floor_of(self.points[lean].peak, self.saved_bytes.get(lean, 0), limit)
+
+    def _floor_of(self, peak: float, nbytes: int, limit: int) -> int:
+        n = len(self.layers)
+        if peak <= limit:
+            return 0
+        return n if nbytes <= 0 else min(n, math.ceil((peak - limit) / (nbytes / n)))
 
     def sets_alone(self, limit: int) -> bool:
         """The solver's set taken by `solver_sets`, compiled on its own where it could still be
@@ -233,7 +267,7 @@ class HandSearch:
         if it compiled over `limit` and the next set took its place (its mixes are then tried)."""
         best = self.best_fit(limit)
         for key, p in list(self.points.items()):
-            if p.compiled or p.extra_flops >= best:
+            if p.compiled or p.extra_flops >= best or p.peak > limit:  # over: an option for mixes only
                 continue
             got = self.compile(p.plan, p.label)
             self.set_compiles += 1
@@ -265,6 +299,7 @@ class HandSearch:
         best = None
         for _, lean, fast, k in tops:
             floor = self._count_below(lean, fast, bound)
+            floor = None if floor is None else max(floor, self._lean_floor(lean, limit))
             start = floor if best is not None else max(k, floor)  # a challenger: can it win at all?
             if floor is None or self._surely_over(lean, fast, start, limit):
                 continue
@@ -304,16 +339,17 @@ class HandSearch:
         return None if curve is None else self.points[fast].peak - (curve[n] - curve[k])
 
     def _pairs(self, limit: int) -> list[tuple]:
-        """(predicted extra FLOPs, lean, fast, first count) of every pair of compiled options that
-        brackets `limit` (the lean one fits, the fast one recomputes less and does not) and where
-        at least one layer of the fast one is predicted to fit; least predicted first.  The
-        FLOPs of a mix are its layers' (exact for identical layers); only the count is a guess."""
+        """(predicted extra FLOPs, lean, fast, first count) of every pair of options that brackets
+        `limit` (the lean one fits, or does with enough layers of the fast one: `_lean_floor`; the
+        fast one recomputes less and does not fit) and where at least one layer of the fast one
+        is predicted to fit; least predicted first.  The FLOPs of a mix are its layers' (exact
+        for identical layers); only the count is a guess."""
         n, out = len(self.layers), []
         for lean, a in self.points.items():
             for fast, b in self.points.items():
-                if a.peak <= limit < b.peak and b.extra_flops < a.extra_flops:
+                if limit < b.peak and b.extra_flops < a.extra_flops:
                     k = self._first_count(lean, fast, limit)
-                    if k >= 1:
+                    if k >= max(1, self._lean_floor(lean, limit)):
                         out.append((a.extra_flops + k / n * (b.extra_flops - a.extra_flops), lean, fast, k))
         return sorted(out, key=lambda p: p[0])
 

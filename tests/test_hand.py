@@ -328,6 +328,52 @@ def test_the_solver_set_alone_is_compiled_only_where_none_of_its_mixes_fits(monk
     assert not hand.points["ilp12%"].compiled
 
 
+def test_a_set_over_the_budget_is_a_mix_partner_where_its_own_backward_fits(monkeypatch):
+    """A saved set's own backward recomputes more than a faster policy's, so its mixes peak
+    below its own peak less the bytes it stores beyond them: on FSDP x TP's 1B decoder the line
+    put the ilp10% set at 4.355 GiB per device, over the hand mix's 4.33, where 17 set layers and
+    1 `dots_with_no_batch_dims_saveable` compiled to 4.31 and recomputed less than the hand mix
+    (16.05 TFLOP against 16.70).  Compiles here follow the larger of that layer's backward (the
+    policy's peak less what it stores beyond the set on the set layers) and the first set
+    layer's (the set's own peak less what its k faster layers' set would store)."""
+    from types import SimpleNamespace
+
+    from autoremat._layer_options import LayerOption
+    from autoremat.graph._layers import Layer
+
+    gib, n = 2**30, 18
+    monkeypatch.setattr(_hand, "layer_plan", lambda g, layers, policies, **kw: tuple(policies))
+    layers = [Layer(i, i + 1, "k") for i in range(n)]
+    g = SimpleNamespace(traced=None, device_share=lambda: 1.0)
+    hand = _hand.HandSearch(g, layers, None, _hand.HandPlan("no remat", None, int(20.4 * gib), 0.0), lambda m: None)
+    peaks = {"nothing_saveable": 3.735, "dots_with_no_batch_dims_saveable": 5.071, "ilp10%": 4.36}
+    stored = {"nothing_saveable": 0.0, "dots_with_no_batch_dims_saveable": 1.477, "ilp10%": 0.678}
+    flops = {"nothing_saveable": 28450.0, "dots_with_no_batch_dims_saveable": 4948.0, "ilp10%": 12000.0}
+    for pol in ("nothing_saveable", "dots_with_no_batch_dims_saveable"):
+        hand.points[pol] = _hand.HandPlan(pol, None, int(peaks[pol] * gib), flops[pol] * 1e9)
+        hand.choice[pol] = lambda k, pol=pol: pol
+        hand.saved_bytes[pol] = int(stored[pol] * gib)
+    compiled = []
+
+    def plan(options, label):
+        compiled.append(label)
+        lean, fast = options[0], options[-1]
+        k = sum(o == fast for o in options)
+        own = peaks[lean] - k * stored[lean] / n
+        theirs = peaks[fast] - (n - k) * (stored[fast] - stored[lean]) / n
+        return _hand.HandPlan(label, None, int(max(own, theirs) * gib),
+                              (flops[lean] + k / n * (flops[fast] - flops[lean])) * 1e9)
+
+    hand.plan = plan
+    limit = int(4.33 * gib)
+    hand.solver_sets(limit, [LayerOption("ilp10%", ("ilp10%",) * n, int(stored["ilp10%"] * gib), 12000e9)])
+    assert hand.points["ilp10%"].peak > limit and not hand.points["ilp10%"].compiled  # predicted over, offered
+    best = hand.mix(limit)
+    assert best.label == "17 layers the solver's ilp10% set, 1 layers dots_with_no_batch_dims_saveable"
+    assert "16 layers the solver's ilp10% set, 2 layers dots_with_no_batch_dims_saveable" in compiled  # shown over
+    assert not hand.sets_alone(limit)  # predicted over: not compiled alone
+
+
 @pytest.mark.parametrize("name", ["convnet", "transformer"])
 def test_policy_saves_says_what_jax_policies_save(name):
     """`_layer_options.policy_saves` against JAX's own policy functions, on every matmul and
