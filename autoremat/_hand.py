@@ -48,6 +48,10 @@ _POLICIES = (None, *HAND_POLICIES)  # the options a person writes per layer (Non
 # (compiled 10.84, +5%), so the first one tried may miss; a second covers that, a third has not
 # been seen to pay.
 MAX_SET_COMPILES = 2
+# Plans traced and lowered while another compiles (`PlanSearch.stage_ahead`): the next policy
+# or the mix counts either side, the likeliest next compiles.  Tracing a 1B decoder's step takes
+# 1.2-1.4 s against 3.7 s of XLA compile (benchmarks/compile_anatomy.py), so two fit in one.
+AHEAD = 2
 # Compiles spent finding a mix's layer count.  The peak is not linear in it: on the 18-layer
 # 1B decoder (benchmarks/realscale.py) the line through nothing_saveable's and
 # dots_with_no_batch_dims_saveable's peaks gave 0.22 GiB per layer, the compiled mixes 0.28;
@@ -161,8 +165,11 @@ class HandSearch:
         self.choice = {None: lambda k: None}  # option -> what layer k gets under it
         self.saved_bytes: dict[str, int] = {}  # option -> bytes it saves over the stack
 
-    def plan(self, policies: Sequence[str | None], label: str) -> HandPlan:
-        return self.compile(layer_plan(self.g, self.layers, policies, meta=self.meta), label)
+    def plan(self, policies: Sequence[str | None], label: str, ahead: Sequence[Sequence] = ()) -> HandPlan:
+        """`policies` per layer, compiled; the per-layer policies of `ahead` (the likeliest next
+        plans) are made into plans and traced while it compiles (`compile`'s `ahead`)."""
+        later = (layer_plan(self.g, self.layers, pols, meta=self.meta) for pols in ahead)
+        return self.compile(layer_plan(self.g, self.layers, policies, meta=self.meta), label, later)
 
     def uniform(self, plans: Sequence[tuple[str, str, Plan]], limit: int) -> None:
         """`uniform_plans`' plans compiled, fastest policy first (scans: with and without
@@ -171,17 +178,18 @@ class HandSearch:
         compile (benchmarks/realscale.py, Llama at dots_saveable's peak: 5.5 s for it alone;
         the three leanest-first, two at a time on this 2-core CPU, took 19.3 s)."""
         n = len(self.layers)
-        for tier in reversed(HAND_POLICIES):
-            for pol, label, plan in (p for p in plans if p[0] == tier):
-                got = self.compile(plan, label)
-                self.say(f"hand-written {label} ({n} layers): compiled {format_bytes(got.peak)}, "
-                         f"+{got.extra_flops / 1e9:.4g} GFLOP")
-                if pol not in self.points or got.peak < self.points[pol].peak:
-                    self.points[pol] = got
-                    self.choice[pol] = lambda k, pol=pol: pol
-                    self.saved_bytes[pol] = sum(r.nbytes for r in got.plan.values.values() if r.decision == "save")
-            if tier in self.points and self.points[tier].peak <= limit and tier != HAND_POLICIES[0]:
-                self.say(f"{tier} per layer fits: the leaner policies save less, so recompute no less; "
+        order = [p for tier in reversed(HAND_POLICIES) for p in plans if p[0] == tier]
+        for i, (pol, label, plan) in enumerate(order):
+            got = self.compile(plan, label, [q[2] for q in order[i + 1:i + 1 + AHEAD]])
+            self.say(f"hand-written {label} ({n} layers): compiled {format_bytes(got.peak)}, "
+                     f"+{got.extra_flops / 1e9:.4g} GFLOP")
+            if pol not in self.points or got.peak < self.points[pol].peak:
+                self.points[pol] = got
+                self.choice[pol] = lambda k, pol=pol: pol
+                self.saved_bytes[pol] = sum(r.nbytes for r in got.plan.values.values() if r.decision == "save")
+            last_of_tier = i + 1 == len(order) or order[i + 1][0] != pol
+            if last_of_tier and self.points[pol].peak <= limit and pol != HAND_POLICIES[0]:
+                self.say(f"{pol} per layer fits: the leaner policies save less, so recompute no less; "
                          f"not compiled")
                 return
 
@@ -386,9 +394,10 @@ class HandSearch:
         peaks = {0: self.points[lean].peak, n: self.points[fast].peak}
         fit, over, best = 0, n, None  # largest count known to fit, smallest known over
         for _ in range(MAX_MIX_STEPS):
-            got = self.plan([self.choice[lean](i) for i in range(n - k)]
-                            + [self.choice[fast](i) for i in range(n - k, n)],
-                            f"{n - k} layers {_name(lean)}, {k} layers {_name(fast)}")
+            # the count above, which settles `k` if it fits, then the one below, if it is over
+            nearby = [j for j in (k + 1, k - 1) if max(fit, floor - 1) < j < over][:AHEAD]
+            got = self.plan(self._mix(lean, fast, k), f"{n - k} layers {_name(lean)}, {k} layers {_name(fast)}",
+                            [self._mix(lean, fast, j) for j in nearby])
             self.say(f"hand-written mix, {got.label}: compiled {format_bytes(got.peak)}")
             self.mixes.append(got)
             peaks[k] = got.peak
@@ -400,6 +409,11 @@ class HandSearch:
                 break
             k = max(floor, _next_count(peaks, fit, over, limit, self.curve(lean, fast)))
         return best
+
+    def _mix(self, lean, fast, k: int) -> list:
+        """What each layer gets with the last `k` under `fast` and the rest under `lean`."""
+        n = len(self.layers)
+        return [self.choice[lean](i) for i in range(n - k)] + [self.choice[fast](i) for i in range(n - k, n)]
 
 
 def _cap(label: str) -> str:

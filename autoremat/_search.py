@@ -47,7 +47,7 @@ from autoremat.graph._costs import OpCost
 from autoremat.graph._graph import Graph
 from autoremat.runtime._apply import apply
 from autoremat.runtime._plan import Plan
-from autoremat.runtime._validate import CompiledStats, compile_later, compile_step, stage_step
+from autoremat.runtime._validate import CompiledStats, StagedStep, compile_later, compile_step, stage_step
 from autoremat.solver._chain import evaluate, lowest_peak_segments
 from autoremat.solver._chain_model import ChainModel, build_chain_model
 from autoremat.solver._solve import solve
@@ -102,6 +102,11 @@ _SOLVER_EXCESS: dict = {}
 # (signature, `_plan_content`) -> Future of the plan's `CompiledStats`: compiles started before
 # the search (`start_first_hand_plans`), taken by the first `compile_once` that needs them.
 _STARTED: dict = {}
+# (signature, `_plan_content`) -> StagedStep: plans traced and lowered while another compiled
+# (`PlanSearch.stage_ahead`), taken by the first `compile_once` that needs them; at most
+# MAX_STAGED, the oldest dropped first (a search stages at most `_hand.AHEAD` per compile).
+_STAGED: dict = {}
+MAX_STAGED = 4
 _BY_PROGRAM: dict = {}  # `StagedStep.program_key` -> (CompiledStats, found_by) of the programs compiled (`_stats`)
 _BUILDER: ThreadPoolExecutor | None = None  # `_chain_builder`
 
@@ -199,20 +204,25 @@ class PlanSearch:
         return self.fallback()
 
     # -- compiling -------------------------------------------------------------------------
-    def compile_once(self, key, plan: Plan, extra: float, flops: float) -> _Compiled:
-        """`plan` compiled (once per process and signature), filed under `key`.  Plans with the
-        same regions and scan plans compile alike and are compiled once: at 8B (FSDP x TP) six
-        scan-body options at caps 65-100% had one saved set and were compiled six times, 3.6 s
-        each.  No region and no scan plan is the un-optimized step, compiled already."""
+    def compile_once(self, key, plan: Plan, extra: float, flops: float, ahead=()) -> _Compiled:
+        """`plan` compiled (once per process and signature), filed under `key`; while XLA
+        compiles it, the plans of `ahead` (the likeliest next ones) are traced and lowered
+        (`stage_ahead`).  Plans with the same regions and scan plans compile alike and are
+        compiled once: at 8B (FSDP x TP) six scan-body options at caps 65-100% had one saved set
+        and were compiled six times, 3.6 s each.  No region and no scan plan is the
+        un-optimized step, compiled already."""
         if (self.sig, key) not in _COMPILED:
             content = (self.sig, _plan_content(plan))
             if content not in _BY_CONTENT and self.is_unoptimized(plan):
                 _BY_CONTENT[content] = (self.baseline_peak, 0.0, 0.0)
             if content not in _BY_CONTENT:
-                started = _STARTED.pop((self.g.traced.signature, _plan_content(plan)), None)
-                with working(self.say, f"compiling {plan.meta.get('found_by') or 'a candidate plan'}"):
-                    st, same_as = started.result() if started is not None else _stats(self.fn, plan, self.args,
-                                                                                      self.stats_kw, self.kwargs)
+                label = plan.meta.get("found_by") or "a candidate plan"
+                with working(self.say, f"compiling {label}"):
+                    later = _STARTED.pop(self._started_key(plan), None)
+                    if later is None:  # traced here (or ahead), compiled while the next are traced
+                        later = compile_later(_compile_staged, self.staged(plan), label)
+                    self.stage_ahead(ahead, later)
+                    st, same_as = later.result()
                 if same_as is None:
                     self.compiles += 1
                 else:
@@ -223,6 +233,38 @@ class PlanSearch:
             _COMPILED[(self.sig, key)] = _Compiled(peak, extra, flops, plan, measured, matmul)
         self.tried[key] = _COMPILED[(self.sig, key)].peak
         return _COMPILED[(self.sig, key)]
+
+    def _started_key(self, plan: Plan) -> tuple:
+        return self.g.traced.signature, _plan_content(plan)
+
+    def staged(self, plan: Plan) -> StagedStep:
+        """`plan`'s step traced and lowered: as `stage_ahead` left it, or now."""
+        got = _STAGED.pop(self._started_key(plan), None)
+        return got if got is not None else self._stage(plan)
+
+    def _stage(self, plan: Plan) -> StagedStep:
+        return stage_step(apply(self.fn, plan), *self.args, **self.stats_kw, **self.kwargs)
+
+    def stage_ahead(self, plans, later) -> None:
+        """Trace and lower `plans` while `later` (a compile) runs, one by one until it is done:
+        XLA compiles without Python's lock and tracing needs it, so on this 2-core machine the
+        next plan's tracing (1.2-1.4 s of a 5 s whole-step compile on the 1B decoders,
+        benchmarks/compile_anatomy.py) is done by the time it is needed, if it is.  A plan
+        compiled, started or staged already is skipped; one that fails to trace is left for its
+        own compile to report."""
+        for plan in plans:
+            key = self._started_key(plan)
+            if later.done():
+                return
+            if key in _STAGED or key in _STARTED or (self.sig, key[1]) in _BY_CONTENT or self.is_unoptimized(plan):
+                continue
+            try:
+                staged = self._stage(plan)
+            except Exception:  # noqa: BLE001 - speculative: the plan's own compile raises it, if ever needed
+                continue
+            while len(_STAGED) >= MAX_STAGED:  # the oldest: not taken since
+                del _STAGED[next(iter(_STAGED))]
+            _STAGED[key] = staged
 
     def is_unoptimized(self, plan: Plan) -> bool:
         """`plan` runs the function as traced, which is what the baseline compile measured (the
@@ -248,11 +290,13 @@ class PlanSearch:
             return got
         return _COMPILED[(self.sig, key)]
 
-    def compile_hand(self, plan: Plan, label: str) -> HandPlan:
-        """A hand-written plan, compiled; its estimated extra time is the roofline time of the
-        FLOPs it recomputes (the chain model cannot express a JAX policy per layer)."""
+    def compile_hand(self, plan: Plan, label: str, ahead=()) -> HandPlan:
+        """A hand-written plan, compiled (the plans of `ahead` traced meanwhile: `compile_once`);
+        its estimated extra time is the roofline time of the FLOPs it recomputes (the chain
+        model cannot express a JAX policy per layer)."""
         key = ("hand", label)
-        c = self.compile_once(key, replace(plan, budget=self.budget, meta={**plan.meta, "found_by": label}), 0.0, 0.0)
+        c = self.compile_once(key, replace(plan, budget=self.budget, meta={**plan.meta, "found_by": label}), 0.0, 0.0,
+                              ahead)
         if c.plan.estimated_extra_time is None:  # compiled just now
             extra = self.g.profile.op_time(OpCost(flops=max(c.measured, 0.0)), self._dtype())
             c = _COMPILED[(self.sig, key)] = c._replace(extra=extra, plan=replace(c.plan, estimated_extra_time=extra))
@@ -810,20 +854,25 @@ class _Stats(NamedTuple):
 
 
 def _stats(fn, plan: Plan, args, stats_kw: dict, kwargs: dict) -> _Stats:
-    """The `CompiledStats` of `fn` under `plan`.  A plan whose step lowers to a program compiled
-    before in this process (`StagedStep.program_key`) is not compiled again: its own jaxpr's
-    FLOPs, that program's memory.  Plans written differently can be one program: a policy
-    decides per primitive, and ResNet-50's layers have no matmul, so nothing_saveable and
+    """The `CompiledStats` of `fn` under `plan` (`_compile_staged`)."""
+    return _compile_staged(stage_step(apply(fn, plan), *args, **stats_kw, **kwargs),
+                           plan.meta.get("found_by") or "a plan")
+
+
+def _compile_staged(staged: StagedStep, label: str) -> _Stats:
+    """The `CompiledStats` of a staged step.  A step that lowered to a program compiled before
+    in this process (`StagedStep.program_key`) is not compiled again: its own jaxpr's FLOPs,
+    that program's memory.  Plans written differently can be one program: a policy decides per
+    primitive, and ResNet-50's layers have no matmul, so nothing_saveable and
     dots_with_no_batch_dims_saveable per layer lowered alike (3.2-4.0 s to trace and lower the
     second at 1B, where compiling it had taken 10.6 s more: benchmarks/infeasible.py's logs,
     docs/FINDINGS.md thirteenth session)."""
-    staged = stage_step(apply(fn, plan), *args, **stats_kw, **kwargs)
     key = staged.program_key()
     if key in _BY_PROGRAM:
-        st, label = _BY_PROGRAM[key]
-        return _Stats(replace(st, jaxpr_flops=staged.jaxpr_flops, matmul_flops=staged.matmul_flops), label)
+        st, same_as = _BY_PROGRAM[key]
+        return _Stats(replace(st, jaxpr_flops=staged.jaxpr_flops, matmul_flops=staged.matmul_flops), same_as)
     st = compile_step(staged)
-    _BY_PROGRAM.setdefault(key, (st, plan.meta.get("found_by") or "a plan"))
+    _BY_PROGRAM.setdefault(key, (st, label))
     return _Stats(st, None)
 
 

@@ -185,7 +185,7 @@ def _mix_search(ilp_flops: float):
                         "ilp10%": int(n * 0.07 * gib)}
     compiled = []
 
-    def plan(options, label):
+    def plan(options, label, ahead=()):
         compiled.append(label)
         lean, fast = options[0], options[-1]
         k = sum(o == fast for o in options)
@@ -261,7 +261,7 @@ def test_a_mix_of_unlike_layers_is_found_on_the_models_peak_per_count():
         hand.saved_bytes = {lean: 0, fast: (truth[n] - truth[0]) * mib}  # all the stack's extra saved bytes
         compiled = []
 
-        def plan(options, label):
+        def plan(options, label, ahead=()):
             k = sum(o == fast for o in options)
             compiled.append(k)
             return _hand.HandPlan(label, None, truth[k] * mib, 508e9 * (n - k) / n)
@@ -355,7 +355,7 @@ def test_a_set_over_the_budget_is_a_mix_partner_where_its_own_backward_fits(monk
         hand.saved_bytes[pol] = int(stored[pol] * gib)
     compiled = []
 
-    def plan(options, label):
+    def plan(options, label, ahead=()):
         compiled.append(label)
         lean, fast = options[0], options[-1]
         k = sum(o == fast for o in options)
