@@ -5,11 +5,12 @@ import os
 import platform
 
 
-def git_state() -> str:
-    """The commit of the checkout, with `+dirty` if autoremat/ has uncommitted changes."""
+def git_state(root: str | None = None) -> str:
+    """The commit of the checkout at `root` (default: this one), with `+dirty` if its autoremat/
+    has uncommitted changes."""
     import subprocess
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
                               check=True).stdout.strip()
@@ -63,8 +64,8 @@ def write_results(a, say, t0: float, script: str, models, title: str, about: str
 def checkout_args(description: str, argv=None, extra=None):
     """`--root` (the checkout whose autoremat plans) and `--model` (a realscale.py model), with
     that checkout's autoremat put first on the path and XLA:CPU's flags set: the setup of the
-    scripts that time one checkout's planner on this checkout's models (first_budget.py,
-    budget_log.py); `extra(parser)` adds a script's own options.  Returns the parsed arguments."""
+    scripts that time one checkout's planner on this checkout's models (budget_log.py, run by
+    compare_planners.py); `extra(parser)` adds a script's own options.  Returns the parsed arguments."""
     import argparse
     import sys
 
