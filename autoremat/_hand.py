@@ -180,7 +180,10 @@ class HandSearch:
         n = len(self.layers)
         order = [p for tier in reversed(HAND_POLICIES) for p in plans if p[0] == tier]
         for i, (pol, label, plan) in enumerate(order):
-            got = self.compile(plan, label, [q[2] for q in order[i + 1:i + 1 + AHEAD]])
+            later = order[i + 1:i + 1 + AHEAD]
+            if not self._model_over(pol, limit):  # the leaner policies are compiled only if this one is over
+                later = [q for q in later if q[0] == pol]  # a scan's other variant, compiled anyway
+            got = self.compile(plan, label, [q[2] for q in later])
             self.say(f"hand-written {label} ({n} layers): compiled {format_bytes(got.peak)}, "
                      f"+{got.extra_flops / 1e9:.4g} GFLOP")
             if pol not in self.points or got.peak < self.points[pol].peak:
@@ -192,6 +195,16 @@ class HandSearch:
                 self.say(f"{pol} per layer fits: the leaner policies save less, so recompute no less; "
                          f"not compiled")
                 return
+
+    def _model_over(self, pol: str, limit: int) -> bool:
+        """Whether the chain model puts `pol` on every layer over `limit` (`curve`).  At 1B it
+        predicted the plans near each budget 0.71-0.92x their compiled peaks (benchmarks/
+        budget_log.py on gpt, equinox and resnet_flax at 3ff52da), so that policy then compiles
+        over the limit too and the leaner ones are worth tracing while it compiles; at GPT 1B's
+        first budget, where dots_saveable fits, tracing them anyway cost 2.5 s
+        (benchmarks/results/compare_planners-gpt.md at 36903ab)."""
+        curve = self.curve(None, pol)
+        return curve is not None and curve[-1] > limit
 
     def solver_sets(self, limit: int, options: Sequence) -> None:
         """The region solver's saved sets per layer (`_layer_options.ilp_options`) predicted, by
