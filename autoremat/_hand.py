@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autoremat._layer_options import fit_peak_line, policy_keeps
 from autoremat._units import format_bytes
@@ -165,11 +165,14 @@ class HandSearch:
         self.choice = {None: lambda k: None}  # option -> what layer k gets under it
         self.saved_bytes: dict[str, int] = {}  # option -> bytes it saves over the stack
 
-    def plan(self, policies: Sequence[str | None], label: str, ahead: Sequence[Sequence] = ()) -> HandPlan:
+    def plan(self, policies: Sequence[str | None], label: str, ahead: Sequence[Sequence] = (),
+             expected: float | None = None) -> HandPlan:
         """`policies` per layer, compiled; the per-layer policies of `ahead` (the likeliest next
-        plans) are made into plans and traced while it compiles (`compile`'s `ahead`)."""
+        plans) are made into plans and traced while it compiles (`compile`'s `ahead`).
+        `expected`: the peak the search expected of it (`_expecting`)."""
         later = (layer_plan(self.g, self.layers, pols, meta=self.meta) for pols in ahead)
-        return self.compile(layer_plan(self.g, self.layers, policies, meta=self.meta), label, later)
+        return self.compile(_expecting(layer_plan(self.g, self.layers, policies, meta=self.meta), expected),
+                            label, later)
 
     def uniform(self, plans: Sequence[tuple[str, str, Plan]], limit: int) -> None:
         """`uniform_plans`' plans compiled, fastest policy first (scans: with and without
@@ -183,7 +186,7 @@ class HandSearch:
             later = order[i + 1:i + 1 + AHEAD]
             if not self._model_over(pol, limit):  # the leaner policies are compiled only if this one is over
                 later = [q for q in later if q[0] == pol]  # a scan's other variant, compiled anyway
-            got = self.compile(plan, label, [q[2] for q in later])
+            got = self.compile(_expecting(plan, self._policy_expected(pol)), label, [q[2] for q in later])
             self.say(f"hand-written {label} ({n} layers): compiled {format_bytes(got.peak)}, "
                      f"+{got.extra_flops / 1e9:.4g} GFLOP")
             if pol not in self.points or got.peak < self.points[pol].peak:
@@ -195,6 +198,17 @@ class HandSearch:
                 self.say(f"{pol} per layer fits: the leaner policies save less, so recompute no less; "
                          f"not compiled")
                 return
+
+    def _policy_expected(self, pol: str) -> float | None:
+        """`pol` on every layer's peak expected before compiling it: the chain model's (`curve`),
+        times compiled / model of the leanest policy compiled so far (they compile fastest first,
+        so that is the one nearest in peak), or the model's alone before any."""
+        curve = self.curve(None, pol)
+        if curve is None:
+            return None
+        ratios = [self.points[p].peak / c[-1] for p in HAND_POLICIES if p in self.points
+                  and (c := self.curve(None, p)) is not None and c[-1] > 0]
+        return curve[-1] * (ratios[0] if ratios else 1.0)
 
     def _model_over(self, pol: str, limit: int) -> bool:
         """Whether the chain model puts `pol` on every layer over `limit` (`curve`).  At 1B it
@@ -240,7 +254,8 @@ class HandSearch:
             label = f"solver's saved set per layer ({_cap(o.label)})"
             got = self.known(label)
             if got is None:
-                got = HandPlan(label, layer_plan(self.g, self.layers, list(o.saved), meta=self.meta),
+                got = HandPlan(label, _expecting(layer_plan(self.g, self.layers, list(o.saved), meta=self.meta),
+                                                 self._predicted(o)),
                                int(self._predicted(o)), o.matmul_flops / self.share, compiled=False)
                 self.say(f"{label}: predicted {format_bytes(got.peak)}, +{got.extra_flops / 1e9:.4g} GFLOP: an option "
                          f"for the mixes, compiled alone only where none of them fits")
@@ -390,14 +405,22 @@ class HandSearch:
         peak, 2.38 GiB; benchmarks/realscale.py).  Where they are alike, the bytes JAX stores
         predicted 47 compiled mixes within 0.90% on average, the model's fall within 3.67% (down
         to -14.1%: too many layers of `fast`; benchmarks/results/mix_counts.md)."""
+        line = self._first_line(lean, fast)
+        return max((k for k in range(len(self.layers)) if line(k) <= limit), default=0)
+
+    def _first_line(self, lean, fast) -> Callable[[int], float]:
+        """The peak of `k` layers of `fast` (the rest `lean`) expected before any mix of the pair
+        is compiled (`_first_count`'s rule): the model's fall where the layers are unlike (or a
+        step is unknown), else the bytes step from `fast`'s compiled peak; without saved bytes
+        for both, the line between the two compiled peaks."""
         n, a, b = len(self.layers), self.points[lean], self.points[fast]
         step = (self.saved_bytes.get(fast, 0) - self.saved_bytes.get(lean, 0)) / n
         known = lean in self.saved_bytes and fast in self.saved_bytes and step > 0
         if self.curve(lean, fast) is not None and not (known and len({la.key for la in self.layers}) == 1):
-            return max((k for k in range(n) if self._fall(lean, fast, k) <= limit), default=0)
+            return lambda k: self._fall(lean, fast, k)
         if not known:
-            return min(n - 1, int((limit - a.peak) / (b.peak - a.peak) * n))
-        return min(n - 1, max(0, n - math.ceil((b.peak - limit) / step)))
+            return lambda k: a.peak + k / n * (b.peak - a.peak)
+        return lambda k: b.peak - (n - k) * step
 
     def _settle(self, lean, fast, k: int, limit: int, floor: int = 1) -> HandPlan | None:
         """The largest count of `fast` layers, at least `floor`, that compiles within `limit`,
@@ -406,11 +429,12 @@ class HandSearch:
         n = len(self.layers)
         peaks = {0: self.points[lean].peak, n: self.points[fast].peak}
         fit, over, best = 0, n, None  # largest count known to fit, smallest known over
+        line = self._first_line(lean, fast)  # the peak expected at each count
         for _ in range(MAX_MIX_STEPS):
             # the count above, which settles `k` if it fits, then the one below, if it is over
             nearby = [j for j in (k + 1, k - 1) if max(fit, floor - 1) < j < over][:AHEAD]
             got = self.plan(self._mix(lean, fast, k), f"{n - k} layers {_name(lean)}, {k} layers {_name(fast)}",
-                            [self._mix(lean, fast, j) for j in nearby])
+                            [self._mix(lean, fast, j) for j in nearby], expected=line(k))
             self.say(f"hand-written mix, {got.label}: compiled {format_bytes(got.peak)}")
             self.mixes.append(got)
             peaks[k] = got.peak
@@ -420,13 +444,22 @@ class HandSearch:
                 over = k
             if over - max(fit, floor - 1) <= 1:
                 break
-            k = max(floor, _next_count(peaks, fit, over, limit, self.curve(lean, fast)))
+            line = _line(peaks, fit, over, self.curve(lean, fast))
+            k = max(floor, _next_count(line, fit, over, limit))
         return best
 
     def _mix(self, lean, fast, k: int) -> list:
         """What each layer gets with the last `k` under `fast` and the rest under `lean`."""
         n = len(self.layers)
         return [self.choice[lean](i) for i in range(n - k)] + [self.choice[fast](i) for i in range(n - k, n)]
+
+
+def _expecting(plan: Plan, expected: float | None) -> Plan:
+    """`plan` with the peak the search expected of it before compiling it in its meta
+    ("expected_peak"; what the search's predictions are judged by: benchmarks/realscale.py)."""
+    if expected is None or not isinstance(plan, Plan):
+        return plan
+    return replace(plan, meta={**plan.meta, "expected_peak": int(expected)})
 
 
 def _cap(label: str) -> str:
@@ -442,16 +475,20 @@ def _name(option) -> str:
     return option if option in HAND_POLICIES else f"the solver's {option} set"
 
 
-def _next_count(peaks: dict, fit: int, over: int, limit: int, curve=None) -> int:
-    """The next layer count to compile, strictly between `fit` and `over`: where the line
-    through the two compiled peaks nearest the limit crosses it; against the model's peak of
-    each count where there is one (`HandSearch.curve`, rising between them), else against the
-    count (the same for alike layers, where the model's peak rises by one layer's bytes a count;
-    where it is flat over some counts, as over ResNet-50's small last blocks, they go together)."""
+def _line(peaks: dict, fit: int, over: int, curve=None) -> Callable[[int], float]:
+    """The peak expected at each count between `fit` and `over`: the line through the two
+    compiled peaks nearest the limit, against the model's peak of each count where there is one
+    (`HandSearch.curve`, rising between them), else against the count (the same for alike layers,
+    where the model's peak rises by one layer's bytes a count; where it is flat over some counts,
+    as over ResNet-50's small last blocks, they go together)."""
     lo, hi = peaks[fit], peaks[over]
     if curve is not None and curve[over] > curve[fit]:
         slope = (hi - lo) / (curve[over] - curve[fit])
-        fits = [k for k in range(fit + 1, over) if lo + (curve[k] - curve[fit]) * slope <= limit]
-        return max(fits, default=fit + 1)
-    guess = fit + int((limit - lo) / max(hi - lo, 1) * (over - fit))
-    return min(over - 1, max(fit + 1, guess))
+        return lambda k: lo + (curve[k] - curve[fit]) * slope
+    return lambda k: lo + (k - fit) / (over - fit) * (hi - lo)
+
+
+def _next_count(line: Callable[[int], float], fit: int, over: int, limit: int) -> int:
+    """The next layer count to compile, strictly between `fit` and `over`: the largest whose
+    expected peak (`_line`) is within `limit`, else the one above `fit`."""
+    return max((k for k in range(fit + 1, over) if line(k) <= limit), default=fit + 1)

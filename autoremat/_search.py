@@ -282,8 +282,9 @@ class PlanSearch:
         # Equation ranges, not block indices: the block variants index blocks differently.
         key = tuple((m.blocks[sg.start].start, m.blocks[sg.stop - 1].stop, sg.option.name) for sg in segments)
         if key not in self.tried:
-            p = to_plan(m, segments, budget=self.budget, result=result, meta={**self.meta, "found_by": how})
             peak, extra = evaluate(m.raw_problem, segments)
+            p = to_plan(m, segments, budget=self.budget, result=result, meta={
+                **self.meta, "found_by": how, "expected_peak": int(peak * self.under_prediction())})
             got = self.compile_once(key, replace(p, predicted_peak=peak, estimated_extra_time=extra), extra,
                                     _recompute_flops(segments))
             self.excess.append(got.peak / max(peak * self.under_prediction(), 1.0))

@@ -81,3 +81,11 @@ def checkout_args(description: str, argv=None, extra=None):
 
     autoremat.configure_cpu_flags()
     return a
+
+
+def expected_cell(expected, peak: int) -> str:
+    """A plan's peak as the planner expected it before compiling it (`plan.meta["expected_peak"]`)
+    and its error against the compiled `peak`, in GiB; empty without one."""
+    if not expected:
+        return ""
+    return f"{expected / 2**30:.2f} ({(expected - peak) / peak:+.1%})"

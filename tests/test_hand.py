@@ -77,6 +77,24 @@ def test_the_summary_says_what_the_plan_beat():
     assert "found by:" in text and "hand-written plans compiled for comparison" in text
     assert "dots_saveable per layer:" in text and "nothing_saveable per layer:" not in text
     assert "leaner than one that fits are not compiled" in text
+    assert "(the search expected " in text  # the peak it compiled the chosen plan on
+
+
+def test_a_policy_is_compiled_with_the_models_peak_scaled_like_the_policies_before_it():
+    """The peak expected of a policy per layer before compiling it: the chain model's figure,
+    times compiled / model of the last policy compiled (none before the first: the model's)."""
+    from types import SimpleNamespace
+
+    from autoremat.graph._layers import Layer
+
+    model = {"dots_saveable": 200.0, "dots_with_no_batch_dims_saveable": 150.0, "nothing_saveable": 100.0}
+    hand = _hand.HandSearch(SimpleNamespace(traced=None), [Layer(i, i + 1, "k") for i in range(4)], None, None,
+                            lambda m: None, curve=lambda lean, fast: [0.0, 0.0, 0.0, 0.0, model[fast]])
+    assert hand._policy_expected("dots_saveable") == 200.0
+    hand.points["dots_saveable"] = SimpleNamespace(peak=260)  # compiled 1.3x the model
+    assert hand._policy_expected("dots_with_no_batch_dims_saveable") == pytest.approx(195.0)
+    hand.points["dots_with_no_batch_dims_saveable"] = SimpleNamespace(peak=210)  # 1.4x: the nearer one counts
+    assert hand._policy_expected("nothing_saveable") == pytest.approx(140.0)
 
 
 def test_the_solver_sets_per_layer_are_plans_with_the_original_gradients():
@@ -185,15 +203,35 @@ def _mix_search(ilp_flops: float):
                         "ilp10%": int(n * 0.07 * gib)}
     compiled = []
 
-    def plan(options, label, ahead=()):
+    def plan(options, label, ahead=(), expected=None):
         compiled.append(label)
         lean, fast = options[0], options[-1]
         k = sum(o == fast for o in options)
         (pa, fa), (pb, fb) = uniform[lean], uniform[fast]
-        return _hand.HandPlan(label, None, int((pa + k / n * (pb - pa)) * gib), (fa + k / n * (fb - fa)) * 1e9)
+        peak = int((pa + k / n * (pb - pa)) * gib)
+        plan.expected[label] = (expected, peak)
+        return _hand.HandPlan(label, None, peak, (fa + k / n * (fb - fa)) * 1e9)
 
+    plan.expected = {}  # label -> (the peak the search expected of it, the peak it compiled to)
     hand.plan = plan
     return hand, compiled, int(9.22 * gib)
+
+
+def test_each_mix_count_is_compiled_with_the_peak_the_search_expected():
+    """Every mix count is compiled with the peak the search expected of it (what its predictions
+    are judged by in benchmarks/realscale.py): a pair's first count's from the faster option's
+    compiled peak less the bytes step (0.19 and 0.26 GiB a layer here, where the compiles step by
+    0.17 and 0.30: off by a few percent), the next ones' from the line through the compiled peaks
+    either side (exact here, where the compiled peaks of a pair lie on a line)."""
+    hand, compiled, limit = _mix_search(ilp_flops=9277.0)
+    hand.mix(limit)
+    pairs: dict[str, list] = {}
+    for label in compiled:  # "<n - k> layers <lean>, <k> layers <fast>"
+        pairs.setdefault(label.split(", ")[0].split(" ", 1)[1], []).append(hand.plan.expected[label])
+    assert len(pairs) == 2 and all(len(seen) >= 2 for seen in pairs.values())
+    for (first, first_peak), *rest in pairs.values():
+        assert first != first_peak and abs(first - first_peak) < 0.05 * first_peak
+        assert all(e == pytest.approx(p, rel=1e-6) for e, p in rest)
 
 
 def test_the_policies_mix_is_tried_wherever_it_could_beat_a_solver_sets_mix():
@@ -261,7 +299,7 @@ def test_a_mix_of_unlike_layers_is_found_on_the_models_peak_per_count():
         hand.saved_bytes = {lean: 0, fast: (truth[n] - truth[0]) * mib}  # all the stack's extra saved bytes
         compiled = []
 
-        def plan(options, label, ahead=()):
+        def plan(options, label, ahead=(), expected=None):
             k = sum(o == fast for o in options)
             compiled.append(k)
             return _hand.HandPlan(label, None, truth[k] * mib, 508e9 * (n - k) / n)
@@ -355,7 +393,7 @@ def test_a_set_over_the_budget_is_a_mix_partner_where_its_own_backward_fits(monk
         hand.saved_bytes[pol] = int(stored[pol] * gib)
     compiled = []
 
-    def plan(options, label, ahead=()):
+    def plan(options, label, ahead=(), expected=None):
         compiled.append(label)
         lean, fast = options[0], options[-1]
         k = sum(o == fast for o in options)

@@ -32,7 +32,9 @@ def _header(plan) -> list[str]:
     if plan.predicted_peak is not None:
         lines.append(f"predicted peak {format_bytes(plan.predicted_peak)}")
     if "compiled_peak" in plan.meta:
-        lines.append(f"compiled peak {format_bytes(plan.meta['compiled_peak'])}")
+        expected = plan.meta.get("expected_peak")
+        lines.append(f"compiled peak {format_bytes(plan.meta['compiled_peak'])}" + (
+            f" (the search expected {format_bytes(expected)} before compiling it)" if expected else ""))
     if plan.meta.get("baseline_peak"):
         lines.append(f"un-optimized compiled peak {format_bytes(plan.meta['baseline_peak'])}")
     if plan.estimated_extra_time is not None:
