@@ -284,12 +284,21 @@ class PlanSearch:
         if key not in self.tried:
             peak, extra = evaluate(m.raw_problem, segments)
             p = to_plan(m, segments, budget=self.budget, result=result, meta={
-                **self.meta, "found_by": how, "expected_peak": int(peak * self.under_prediction())})
+                **self.meta, "found_by": how, "expected_peak": self.expected(peak)})
             got = self.compile_once(key, replace(p, predicted_peak=peak, estimated_extra_time=extra), extra,
                                     _recompute_flops(segments))
             self.excess.append(got.peak / max(peak * self.under_prediction(), 1.0))
             return got
         return _COMPILED[(self.sig, key)]
+
+    def expected(self, predicted: float) -> int:
+        """The peak the search expects of a plan the model predicts at `predicted`: corrected
+        like the hand-written plans' twins (`under_prediction`), and by how far the last plan
+        of the model compiled for this function came out above that (`_SOLVER_EXCESS`; with the
+        twins' correction alone, equinox 1B's winning second rounds were expected 11-12% under
+        their compiled peaks: benchmarks/results/realscale.md at 8c8c67f)."""
+        excess = _SOLVER_EXCESS.get(self.sig, [1.0])[-1]
+        return int(predicted * self.under_prediction() * excess)
 
     def compile_hand(self, plan: Plan, label: str, ahead=()) -> HandPlan:
         """A hand-written plan, compiled (the plans of `ahead` traced meanwhile: `compile_once`);

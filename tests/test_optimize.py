@@ -671,3 +671,18 @@ def test_after_a_fitting_solver_plan_faster_uniform_plans_within_reach_are_compi
     compiled.clear()
     search.twins = [(1000, 1.5)]  # 900 x 1.5 and 1200 x 1.5 are over 1.3 x 1000
     assert search.policy_checks(solver) == solver and compiled == []
+
+
+def test_a_solver_plan_is_expected_at_the_model_corrected_by_the_last_one_compiled(monkeypatch):
+    """The peak the search expects of a plan of the chain model (`plan.meta["expected_peak"]`):
+    the model's figure corrected like the hand-written plans' twins, then by how far the last
+    solver plan compiled for the function came out above that correction (the excess grows as
+    the targets fall, so the latest is the nearest)."""
+    from autoremat import _search
+
+    search = _search_on_mlp_chain(1000, (1e5, 0.0))
+    monkeypatch.setattr(search, "under_prediction", lambda: 1.25)
+    monkeypatch.setattr(_search, "_SOLVER_EXCESS", {})
+    assert search.expected(100.0) == 125
+    _search._SOLVER_EXCESS[search.sig] = [1.5, 1.1]
+    assert search.expected(100.0) == int(100.0 * 1.25 * 1.1)
