@@ -8,11 +8,21 @@ the compile time.  Programs: the built-in examples (no remat, and `jax.checkpoin
 `benchmarks/realscale.py` with no remat and each JAX policy by hand.
 
     .venv/bin/python benchmarks/compile_options.py      # ~4 min on 2 cores
+
+Other options against the planner's own (`--against` the baseline, `--options` the candidate,
+both JSON; `--only` a substring of the program names; `--out` the results file):
+
+    .venv/bin/python benchmarks/compile_options.py --only llama --against planner \
+        --options '{"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": true}' \
+        --out benchmarks/results/compile_options-llvm.md
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import shlex
 import sys
 import time
 
@@ -53,28 +63,46 @@ def _compile(fn, args, options):
     return peak, time.perf_counter() - t0
 
 
-def main() -> int:
+def _parse(argv):
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--against", default="defaults", help="baseline: 'defaults' (XLA's), 'planner' "
+                    "(MEMORY_ONLY_CPU_OPTIONS) or JSON")
+    ap.add_argument("--options", default="planner", help="candidate: 'planner' or JSON")
+    ap.add_argument("--only", default="", help="programs whose name contains this")
+    ap.add_argument("--out", default=os.path.join(here, "results", "compile_options.md"))
+    a = ap.parse_args(argv)
+    named = {"defaults": None, "planner": MEMORY_ONLY_CPU_OPTIONS}
+    a.against, a.options = (named[x] if x in named else json.loads(x) for x in (a.against, a.options))
+    return a
+
+
+def main(argv=None) -> int:
+    a = _parse(argv)
     t0 = time.perf_counter()
     rows, same, times = [], 0, [0.0, 0.0]
     for label, fn, args in _programs():
-        (p0, t_default), (p1, t_fast) = _compile(fn, args, None), _compile(fn, args, MEMORY_ONLY_CPU_OPTIONS)
+        if a.only not in label:
+            continue
+        (p0, t_default), (p1, t_fast) = _compile(fn, args, a.against), _compile(fn, args, a.options)
         same += p0 == p1
         times[0] += t_default
         times[1] += t_fast
         rows.append(f"| {label} | {p0:,} | {p1:,} | {'yes' if p0 == p1 else '**NO**'} | {t_default:.2f} | "
                     f"{t_fast:.2f} |")
         print(rows[-1], file=sys.stderr, flush=True)
+    cmd = " ".join(["python benchmarks/compile_options.py", shlex.join(argv if argv is not None else sys.argv[1:])])
+    base = "XLA's defaults" if a.against is None else f"`{a.against}`"
     out = ["# XLA:CPU compile options for the planner's compiles", "",
-           provenance("python benchmarks/compile_options.py", (time.perf_counter() - t0) / 60), "",
-           f"Options: `{MEMORY_ONLY_CPU_OPTIONS}`. Peak = argument + output + temp - alias (bytes). "
-           f"Same peak on {same} of {len(rows)} programs; compile time {times[0]:.1f} s with the defaults, "
+           provenance(cmd, (time.perf_counter() - t0) / 60), "",
+           f"Options: `{a.options}`, against {base}. Peak = argument + output + temp - alias (bytes). "
+           f"Same peak on {same} of {len(rows)} programs; compile time {times[0]:.1f} s against, "
            f"{times[1]:.1f} s with the options ({1 - times[1] / times[0]:.0%} less).", "",
-           "| program | peak, default | peak, options | same | compile s, default | compile s, options |",
+           "| program | peak, against | peak, options | same | compile s, against | compile s, options |",
            "|---|---|---|---|---|---|", *rows, ""]
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "compile_options.md")
-    with open(path, "w") as f:
+    with open(a.out, "w") as f:
         f.write("\n".join(out))
-    print(f"wrote {path}", file=sys.stderr)
+    print(f"wrote {a.out}", file=sys.stderr)
     return 0 if same == len(rows) else 1
 
 
