@@ -4,8 +4,9 @@ hand-written plan that autoremat was given the peak of, hand-written against aut
     .venv/bin/python benchmarks/readme_table.py                          # results/realscale.md
     .venv/bin/python benchmarks/readme_table.py benchmarks/results/sharded.md
 
-Prints markdown; the scan models' `prevent_cse=False` rows are left out (the same peaks and
-plans as with JAX's default barriers in every run so far: the results file has them).
+Prints markdown; JAX's policy names are shortened (`nothing`, `dots_no_batch`, `dots`); the
+scan models' `prevent_cse=False` rows are left out (the same peaks and plans as with JAX's
+default barriers in every run so far: the results file has them).
 """
 
 from __future__ import annotations
@@ -37,6 +38,16 @@ def sections(path: str) -> dict[str, tuple[dict, list]]:
     return out
 
 
+SHORT = {"dots_with_no_batch_dims_saveable": "dots_no_batch", "nothing_saveable": "nothing",
+         "dots_saveable": "dots"}  # JAX's policy names, shortened for the table (the legend says so)
+
+
+def _short(label: str) -> str:
+    for name, short in SHORT.items():
+        label = label.replace(name, short)
+    return label.replace("mix: ", "")
+
+
 def table(path: str) -> list[str]:
     lines = ["| model | hand-written per layer | hand GiB / +TFLOP | autoremat GiB / +TFLOP / planning s (compiles) "
              "| expected GiB (error) |", "|---|---|---|---|---|"]
@@ -46,7 +57,7 @@ def table(path: str) -> list[str]:
             if label.endswith("prevent_cse=False"):
                 continue
             gib, tflop = hand[label]
-            lines.append(f"| {title} | {label} | {gib} / {tflop} | {c[2]} / {c[3]} / {c[5]} ({c[6]}) | {c[8]} |")
+            lines.append(f"| {title} | {_short(label)} | {gib} / {tflop} | {c[2]} / {c[3]} / {c[5]} ({c[6]}) | {c[8]} |")
     return lines
 
 
