@@ -49,8 +49,9 @@ _POLICIES = (None, *HAND_POLICIES)  # the options a person writes per layer (Non
 # been seen to pay.
 MAX_SET_COMPILES = 2
 # Plans traced and lowered while another compiles (`PlanSearch.stage_ahead`): the next policy
-# or the mix counts either side, the likeliest next compiles.  Tracing a 1B decoder's step takes
-# 1.2-1.4 s against 3.7 s of XLA compile (benchmarks/compile_anatomy.py), so two fit in one.
+# or the mix counts either side, the likeliest next compiles.  Tracing and lowering a 1B
+# decoder's step takes 1.6-2.4 s against 5.0-6.4 s of XLA compile
+# (benchmarks/results/compile_anatomy-llama.md), so two fit in one.
 AHEAD = 2
 # Compiles spent finding a mix's layer count.  The peak is not linear in it: on the 18-layer
 # 1B decoder (benchmarks/realscale.py) the line through nothing_saveable's and

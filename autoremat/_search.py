@@ -248,8 +248,9 @@ class PlanSearch:
     def stage_ahead(self, plans, later) -> None:
         """Trace and lower `plans` while `later` (a compile) runs, one by one until it is done:
         XLA compiles without Python's lock and tracing needs it, so on this 2-core machine the
-        next plan's tracing (1.2-1.4 s of a 5 s whole-step compile on the 1B decoders,
-        benchmarks/compile_anatomy.py) is done by the time it is needed, if it is.  A plan
+        next plan's tracing and lowering (1.6-2.4 s beside 5.0-6.4 s of XLA compile on the 1B
+        Llama, benchmarks/results/compile_anatomy-llama.md) is done by the time it is needed, if
+        it is (benchmarks/results/compare_planners-*.md).  A plan
         compiled, started or staged already is skipped; one that fails to trace is left for its
         own compile to report."""
         for plan in plans:
