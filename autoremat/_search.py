@@ -243,7 +243,7 @@ class PlanSearch:
         return got if got is not None else self._stage(plan)
 
     def _stage(self, plan: Plan) -> StagedStep:
-        return stage_step(apply(self.fn, plan), *self.args, **self.stats_kw, **self.kwargs)
+        return _stage(self.fn, plan, self.args, self.stats_kw, self.kwargs)
 
     def stage_ahead(self, plans, later) -> None:
         """Trace and lower `plans` while `later` (a compile) runs, one by one until it is done:
@@ -864,10 +864,14 @@ class _Stats(NamedTuple):
     same_as: str | None  # the plan compiled before whose program this one's is (not compiled again)
 
 
+def _stage(fn, plan: Plan, args, stats_kw: dict, kwargs: dict) -> StagedStep:
+    """The step of `fn` under `plan`, traced and lowered (`runtime.stage_step`)."""
+    return stage_step(apply(fn, plan), *args, **stats_kw, **kwargs)
+
+
 def _stats(fn, plan: Plan, args, stats_kw: dict, kwargs: dict) -> _Stats:
     """The `CompiledStats` of `fn` under `plan` (`_compile_staged`)."""
-    return _compile_staged(stage_step(apply(fn, plan), *args, **stats_kw, **kwargs),
-                           plan.meta.get("found_by") or "a plan")
+    return _compile_staged(_stage(fn, plan, args, stats_kw, kwargs), plan.meta.get("found_by") or "a plan")
 
 
 def _compile_staged(staged: StagedStep, label: str) -> _Stats:
