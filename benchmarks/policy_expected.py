@@ -1,0 +1,133 @@
+"""How well is a JAX policy's compiled peak expected before compiling it?
+
+`HandSearch.uniform` (autoremat/_hand.py) compiles JAX's policies on every layer, fastest first,
+and records the peak it expected of each before compiling it (`plan.meta["expected_peak"]`,
+judged in benchmarks/realscale.py and sharded.py).  Before any policy is compiled that is the
+chain model's peak c(p) of the policy on every layer (`autoremat._search.mix_curve`); after, it
+leans on the leanest policy q compiled so far (the nearest in peak), compiled at C(q):
+
+* ratio:      c(p) x C(q) / c(q)       (the rule until 2026-11-26)
+* difference: C(q) + c(p) - c(q)       (`HandSearch._policy_expected` since)
+
+This compiles each policy per layer (written by hand, `jax.checkpoint` around every layer) of
+realscale.py's unrolled models, or of sharded.py's with `--layout`, and sets both rules against
+the compiled peaks, q being the policy compiled just before p (fastest first).
+
+    .venv/bin/python benchmarks/policy_expected.py          # writes results/policy_expected.md
+    .venv/bin/python benchmarks/policy_expected.py --layout fsdp_tp --models llama1b \\
+        --out benchmarks/results/policy_expected-fsdp_tp.md
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+LAYOUT = next((sys.argv[i + 1] for i, x in enumerate(sys.argv[:-1]) if x == "--layout"), None)
+if LAYOUT:
+    import sharded  # noqa: E402  (its 8-device host mesh, set before JAX starts)
+
+import autoremat  # noqa: E402
+
+autoremat.configure_cpu_flags()
+
+import realscale  # noqa: E402
+from _common import models_run, write_results  # noqa: E402
+
+from autoremat._optimize import _chain, _graph, _raw_chain  # noqa: E402
+from autoremat._search import mix_curve  # noqa: E402
+from autoremat.graph._profiles import detect_profile  # noqa: E402
+from autoremat.graph._trace import trace  # noqa: E402
+from autoremat.runtime._validate import compiled_stats  # noqa: E402
+
+GiB = 2**30
+MODELS = ("llama", "gpt", "equinox", "resnet_flax")
+FASTEST_FIRST = tuple(reversed(realscale.POLICIES))
+
+
+def _args(name: str, pols=None):
+    fn, args, desc, n = realscale.make_model(name, pols)
+    if LAYOUT:
+        args, _ = sharded.sharded(LAYOUT, *args)
+    return fn, args, desc, n
+
+
+def model_rows(name: str, say) -> tuple[str, list]:
+    """(description, rows): per policy, fastest first, (policy, model's peak, compiled peak,
+    the policy before it or None, ratio rule, difference rule)."""
+    fn, args, desc, n = _args(name)
+    traced = trace(fn, args, {}, skip_integer_leaves=False)
+    g, layers = _graph(traced, detect_profile(), say)
+    if len(layers) != n:
+        say(f"{name}: {len(layers)} layers found, {n} written: skipped")
+        return desc, []
+    base = compiled_stats(fn, *args).peak_bytes
+    stats_kw = dict(argnums=traced.argnums, static_argnums=(), has_aux=False)
+    profile = detect_profile()
+    model, _ = _chain(fn, g, _raw_chain(g, profile, False, say), profile, False, (args, {}, stats_kw), base, say)
+    rows, prev = [], None
+    for pol in FASTEST_FIRST:
+        c = mix_curve(model, layers, None, pol)[-1]
+        hand_fn, hand_args, _, _ = _args(name, [pol] * n)
+        got = compiled_stats(hand_fn, *hand_args).peak_bytes
+        ratio = diff = c
+        if prev is not None:
+            q, cq, gq = prev
+            ratio, diff = c * gq / cq, gq + c - cq
+        rows.append((pol, c, got, prev[0] if prev else None, ratio, diff))
+        say(f"{name} {pol}: model {c / GiB:.3f}, compiled {got / GiB:.3f}, ratio {ratio / GiB:.3f}, "
+            f"difference {diff / GiB:.3f} GiB")
+        prev = (pol, c, got)
+    return desc, rows
+
+
+def _cell(v: float, got: int) -> str:
+    return f"{v / GiB:.3f} ({(v - got) / got:+.1%})"
+
+
+def table(name: str, desc: str, rows: list) -> list[str]:
+    out = [f"### {name}" + (f", {LAYOUT}" if LAYOUT else ""), "", desc, "",
+           "| policy per layer | after | model GiB | compiled GiB | ratio GiB (error) | difference GiB (error) |",
+           "|---|---|---|---|---|---|"]
+    for pol, c, got, q, ratio, diff in rows:
+        out.append(f"| {pol} | {q or '(first)'} | {c / GiB:.3f} | {got / GiB:.3f} | {_cell(ratio, got)} | "
+                   f"{_cell(diff, got)} |")
+    return out + [""]
+
+
+def summary(all_rows: list) -> list[str]:
+    out = ["### Summary (the policies compiled after another)", "",
+           "| rule | within 5% | worst under | worst over |", "|---|---|---|---|"]
+    after = [r for r in all_rows if r[3] is not None]
+    for k, rule in ((4, "ratio"), (5, "difference")):
+        errs = [(r[k] - r[2]) / r[2] for r in after]
+        if errs:
+            out.append(f"| {rule} | {sum(abs(x) <= 0.05 for x in errs)} of {len(errs)} | {min(errs):+.1%} | "
+                       f"{max(errs):+.1%} |")
+    return out + [""]
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--layout" in argv:  # read above, before JAX started
+        i = argv.index("--layout")
+        del argv[i:i + 2]
+    a, say, t0 = models_run(__doc__.split("\n")[0], MODELS, "policy_expected.md", argv)
+    sections, all_rows = [], []
+    for name in a.models:
+        desc, rows = model_rows(name, say)
+        sections += table(name, desc, rows)
+        all_rows += rows
+    write_results(a, say, t0, "policy_expected.py" + (f" --layout {LAYOUT}" if LAYOUT else ""), MODELS,
+                  "A JAX policy's compiled peak, expected before compiling it",
+                  "Compiled peak = argument + output + temp - alias (per device) of the compiled `value_and_grad` "
+                  "step with the policy written by hand around every layer; model = the chain model's peak of that "
+                  "plan (`mix_curve`), calibrated on the un-optimized step as the planner does.  The policies compile "
+                  "fastest first; 'after' is the one compiled before.  Error = (expected - compiled) / compiled.",
+                  summary(all_rows) + sections)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
