@@ -266,7 +266,7 @@ def main(argv=None) -> int:
             "autoremat's plan is compiled again by this script; 'model' is the chain model's figure for the "
             "plan (its solver's plans only), 'expected' the peak the search expected before compiling it (the model's "
             "corrected like the hand-written plans' twins; a mix count's from its neighbours' compiled peaks; a policy's "
-            "from the model's ratio to the policies compiled before it); '+N host': bytes its plan offloads to host memory, "
+            "the compiled peak of the policy before it plus the model's difference between the two); '+N host': bytes its plan offloads to host memory, "
             "outside the device peak.", ""]
         with open(a.out, "w") as f:
             f.write("\n".join(head + body))

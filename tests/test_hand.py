@@ -80,9 +80,10 @@ def test_the_summary_says_what_the_plan_beat():
     assert "(the search expected " in text  # the peak it compiled the chosen plan on
 
 
-def test_a_policy_is_compiled_with_the_models_peak_scaled_like_the_policies_before_it():
-    """The peak expected of a policy per layer before compiling it: the chain model's figure,
-    times compiled / model of the last policy compiled (none before the first: the model's)."""
+def test_a_policy_is_expected_at_the_policy_before_it_plus_the_models_difference():
+    """The peak expected of a policy per layer before compiling it: the compiled peak of the
+    leanest policy compiled so far plus the chain model's difference between the two (the model's
+    own figure before any), and `_model_over` says whether that is over the limit."""
     from types import SimpleNamespace
 
     from autoremat.graph._layers import Layer
@@ -91,10 +92,12 @@ def test_a_policy_is_compiled_with_the_models_peak_scaled_like_the_policies_befo
     hand = _hand.HandSearch(SimpleNamespace(traced=None), [Layer(i, i + 1, "k") for i in range(4)], None, None,
                             lambda m: None, curve=lambda lean, fast: [0.0, 0.0, 0.0, 0.0, model[fast]])
     assert hand._policy_expected("dots_saveable") == 200.0
-    hand.points["dots_saveable"] = SimpleNamespace(peak=260)  # compiled 1.3x the model
-    assert hand._policy_expected("dots_with_no_batch_dims_saveable") == pytest.approx(195.0)
-    hand.points["dots_with_no_batch_dims_saveable"] = SimpleNamespace(peak=210)  # 1.4x: the nearer one counts
-    assert hand._policy_expected("nothing_saveable") == pytest.approx(140.0)
+    hand.points["dots_saveable"] = SimpleNamespace(peak=260)  # compiled 60 above the model
+    assert hand._policy_expected("dots_with_no_batch_dims_saveable") == pytest.approx(210.0)
+    assert hand._model_over("dots_with_no_batch_dims_saveable", 200) and not hand._model_over(
+        "dots_with_no_batch_dims_saveable", 210)
+    hand.points["dots_with_no_batch_dims_saveable"] = SimpleNamespace(peak=230)  # 80 above: the nearer one counts
+    assert hand._policy_expected("nothing_saveable") == pytest.approx(180.0)
 
 
 def test_the_solver_sets_per_layer_are_plans_with_the_original_gradients():
