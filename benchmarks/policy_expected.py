@@ -9,8 +9,16 @@ leans on the leanest policy q compiled so far (the nearest in peak), compiled at
 * ratio:      c(p) x C(q) / c(q)       (the rule until 2026-11-26)
 * difference: C(q) + c(p) - c(q)       (`HandSearch._policy_expected` since)
 
+and, not in the planner, a rule with no compiled policy before it (so also for the first):
+
+* measured:   C(none) + m(p) - m(none), m = the chain formula over the layers on one layer's
+  measurements under each option (`runtime._measure.measure_layer`: the layer compiled alone,
+  and followed by the next; the blocks after the layers measured alone, left as they are), C(none)
+  the compiled un-optimized step; where every layer is alike (one layer is measured), on one
+  device.
+
 This compiles each policy per layer (written by hand, `jax.checkpoint` around every layer) of
-realscale.py's unrolled models, or of sharded.py's with `--layout`, and sets both rules against
+realscale.py's unrolled models, or of sharded.py's with `--layout`, and sets the rules against
 the compiled peaks, q being the policy compiled just before p (fastest first).
 
     .venv/bin/python benchmarks/policy_expected.py          # writes results/policy_expected.md
@@ -35,10 +43,12 @@ autoremat.configure_cpu_flags()
 import realscale  # noqa: E402
 from _common import models_run, write_results  # noqa: E402
 
+from autoremat._hand import layer_plan  # noqa: E402
 from autoremat._optimize import _chain, _graph, _raw_chain  # noqa: E402
 from autoremat._search import mix_curve  # noqa: E402
 from autoremat.graph._profiles import detect_profile  # noqa: E402
 from autoremat.graph._trace import trace  # noqa: E402
+from autoremat.runtime._measure import measure_layer, measure_segment  # noqa: E402
 from autoremat.runtime._validate import compiled_stats  # noqa: E402
 
 GiB = 2**30
@@ -53,9 +63,35 @@ def _args(name: str, pols=None):
     return fn, args, desc, n
 
 
+def _chain_formula(m, n: int, post: int) -> int:
+    """`solver/_chain.py`'s peak of n alike layers measured `m`, then the blocks after them
+    (their backward first, while every layer's stored values are live)."""
+    prefix, stage = 0, 0
+    for _ in range(n):
+        stage = max(stage, prefix + m.backward_bytes)
+        prefix += m.stored_bytes
+    return max(prefix, stage, prefix + post)
+
+
+def measured(g, layers, none_peak: int, say) -> dict | None:
+    """policy (None: no remat) -> `measured` rule's peak; None unless every layer is alike, and
+    on the meshes (not measured there: a layer's compile would need the step's shardings)."""
+    n, (l0, l1) = len(layers), layers[:2]
+    if LAYOUT or len({la.key for la in layers}) != 1 or l0.stop != l1.start:
+        return None
+    none = layer_plan(g, layers, [None] * n)
+    next_alone = measure_segment(g.traced, none, l1.start, l1.stop)
+    post = measure_segment(g.traced, none, layers[-1].stop, len(g.traced.jaxpr.eqns)).backward_bytes
+    m = {pol: _chain_formula(measure_layer(g.traced, layer_plan(g, layers, [pol] + [None] * (n - 1)), l0.start,
+                                           l0.stop, l1.stop, next_alone), n, post)
+         for pol in (None, *FASTEST_FIRST)}
+    say(f"measured one layer under each option: chain formula {', '.join(f'{v / GiB:.3f}' for v in m.values())} GiB")
+    return {pol: none_peak + v - m[None] for pol, v in m.items()}
+
+
 def model_rows(name: str, say) -> tuple[str, list]:
     """(description, rows): per policy, fastest first, (policy, model's peak, compiled peak,
-    the policy before it or None, ratio rule, difference rule)."""
+    the policy before it or None, ratio rule, difference rule, measured rule or None)."""
     fn, args, desc, n = _args(name)
     traced = trace(fn, args, {}, skip_integer_leaves=False)
     g, layers = _graph(traced, detect_profile(), say)
@@ -66,6 +102,7 @@ def model_rows(name: str, say) -> tuple[str, list]:
     stats_kw = dict(argnums=traced.argnums, static_argnums=(), has_aux=False)
     profile = detect_profile()
     model, _ = _chain(fn, g, _raw_chain(g, profile, False, say), profile, False, (args, {}, stats_kw), base, say)
+    meas = measured(g, layers, base, say)
     rows, prev = [], None
     for pol in FASTEST_FIRST:
         c = mix_curve(model, layers, None, pol)[-1]
@@ -75,35 +112,37 @@ def model_rows(name: str, say) -> tuple[str, list]:
         if prev is not None:
             q, cq, gq = prev
             ratio, diff = c * gq / cq, gq + c - cq
-        rows.append((pol, c, got, prev[0] if prev else None, ratio, diff))
+        rows.append((pol, c, got, prev[0] if prev else None, ratio, diff, meas and meas[pol]))
         say(f"{name} {pol}: model {c / GiB:.3f}, compiled {got / GiB:.3f}, ratio {ratio / GiB:.3f}, "
-            f"difference {diff / GiB:.3f} GiB")
+            f"difference {diff / GiB:.3f}" + (f", measured {meas[pol] / GiB:.3f}" if meas else "") + " GiB")
         prev = (pol, c, got)
     return desc, rows
 
 
-def _cell(v: float, got: int) -> str:
-    return f"{v / GiB:.3f} ({(v - got) / got:+.1%})"
+def _cell(v: float | None, got: int) -> str:
+    return "" if v is None else f"{v / GiB:.3f} ({(v - got) / got:+.1%})"
 
 
 def table(name: str, desc: str, rows: list) -> list[str]:
     out = [f"### {name}" + (f", {LAYOUT}" if LAYOUT else ""), "", desc, "",
-           "| policy per layer | after | model GiB | compiled GiB | ratio GiB (error) | difference GiB (error) |",
-           "|---|---|---|---|---|---|"]
-    for pol, c, got, q, ratio, diff in rows:
+           "| policy per layer | after | model GiB | compiled GiB | ratio GiB (error) | difference GiB (error) | "
+           "measured GiB (error) |", "|---|---|---|---|---|---|---|"]
+    for pol, c, got, q, ratio, diff, meas in rows:
         out.append(f"| {pol} | {q or '(first)'} | {c / GiB:.3f} | {got / GiB:.3f} | {_cell(ratio, got)} | "
-                   f"{_cell(diff, got)} |")
+                   f"{_cell(diff, got)} | {_cell(meas, got)} |")
     return out + [""]
 
 
 def summary(all_rows: list) -> list[str]:
-    out = ["### Summary (the policies compiled after another)", "",
-           "| rule | within 5% | worst under | worst over |", "|---|---|---|---|"]
+    out = ["### Summary", "", "| rule | policies | within 5% | worst under | worst over |", "|---|---|---|---|---|"]
     after = [r for r in all_rows if r[3] is not None]
-    for k, rule in ((4, "ratio"), (5, "difference")):
-        errs = [(r[k] - r[2]) / r[2] for r in after]
+    for k, rule, rows, which in ((4, "ratio", after, "compiled after another"),
+                                 (5, "difference", after, "compiled after another"),
+                                 (6, "measured", after, "compiled after another"),
+                                 (6, "measured", all_rows, "all")):
+        errs = [(r[k] - r[2]) / r[2] for r in rows if r[k] is not None]
         if errs:
-            out.append(f"| {rule} | {sum(abs(x) <= 0.05 for x in errs)} of {len(errs)} | {min(errs):+.1%} | "
+            out.append(f"| {rule} | {which} | {sum(abs(x) <= 0.05 for x in errs)} of {len(errs)} | {min(errs):+.1%} | "
                        f"{max(errs):+.1%} |")
     return out + [""]
 
