@@ -7,7 +7,7 @@ mix's peak per count k.  This compiles, for each unrolled realscale.py model and
 neighbouring policies, the mixes with k = 1, 2, 3, n/4, n/2, 3n/4, n-1 layers of the faster one
 (written by hand, `jax.checkpoint` per layer; the small counts because near them the leaner
 layers stop setting the peak, and there XLA's peak is not even monotone in k: docs/FINDINGS.md,
-ninth session), and sets each against three predictions made
+ninth session), and sets each against predictions made
 from the two uniform plans' compiled peaks a (k = 0) and b (k = n) and the chain model's peak of
 each count, c(k) (`autoremat._search.mix_curve`), and, as `HandSearch` does without a curve,
 the bytes each policy stores per layer (JAX's: the per-layer plans' records, `policy_keeps`), s:
@@ -16,6 +16,13 @@ the bytes each policy stores per layer (JAX's: the per-layer plans' records, `po
 * scaled: a + (c(k) - c(0)) * (b - a) / (c(n) - c(0))        (the model's shape, between a and b)
 * linear: a + k / n * (b - a)
 * bytes:  max(a, b - (n - k) * (s(fast) - s(lean)) / n)      (`HandSearch._first_count`'s step)
+
+and, where every layer is alike, two from one layer measured under each policy (`_measured.py`:
+the layer compiled alone and followed by the next, composed by the chain formula, M(k)), not
+in the planner:
+
+* measured fall: b - (M(n) - M(k))                           (the measured bytes, from b down)
+* measured:      N + M(k) - M(none)                          (from the compiled un-optimized step N)
 
     .venv/bin/python benchmarks/mix_counts.py                          # writes results/mix_counts.md
     .venv/bin/python benchmarks/mix_counts.py --models equinox --out /tmp/m.md
@@ -33,6 +40,7 @@ autoremat.configure_cpu_flags()
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import realscale  # noqa: E402
 from _common import models_run, write_results  # noqa: E402
+from _measured import chain_formula, measure_options  # noqa: E402
 
 from autoremat._hand import layer_plan  # noqa: E402
 from autoremat._optimize import _chain, _graph, _raw_chain  # noqa: E402
@@ -43,7 +51,7 @@ from autoremat.runtime._validate import compiled_stats  # noqa: E402
 
 GiB = 2**30
 MODELS = ("llama", "gpt", "equinox", "resnet_flax")
-ESTIMATORS = ("fall", "scaled", "linear", "bytes")
+ESTIMATORS = ("fall", "scaled", "linear", "bytes", "measured fall", "measured")
 
 
 def predictions(a: int, b: int, c: list, k: int, step: float) -> dict:
@@ -71,6 +79,7 @@ def model_rows(name: str, say) -> tuple[str, list]:
         return compiled_stats(hand_fn, *hand_args).peak_bytes
 
     uniform = {p: peak([p] * n) for p in realscale.POLICIES}
+    measured = measure_options(g, layers, (None, *realscale.POLICIES))
     stored = {p: sum(r.nbytes * r.multiplicity for r in layer_plan(g, layers, [p] * n).values.values()
                      if r.decision == "save") for p in realscale.POLICIES}
     rows = []
@@ -82,7 +91,13 @@ def model_rows(name: str, say) -> tuple[str, list]:
             continue
         for k in sorted({1, 2, 3, n // 4, n // 2, 3 * n // 4, n - 1}):
             got = peak([lean] * (n - k) + [fast] * k)
-            rows.append((lean, fast, n, k, got, predictions(a, b, curve, k, (stored[fast] - stored[lean]) / n)))
+            pred = predictions(a, b, curve, k, (stored[fast] - stored[lean]) / n)
+            if measured is not None:
+                meas, post = measured
+                m = chain_formula([meas[lean]] * (n - k) + [meas[fast]] * k, post)
+                pred["measured fall"] = b - (chain_formula([meas[fast]] * n, post) - m)
+                pred["measured"] = base + m - chain_formula([meas[None]] * n, post)
+            rows.append((lean, fast, n, k, got, pred))
             say(f"{name} {n - k} {lean} + {k} {fast}: compiled {got / GiB:.3f} GiB, "
                 + ", ".join(f"{e} {v / GiB:.3f}" for e, v in rows[-1][5].items()))
     return desc, rows
@@ -93,7 +108,8 @@ def table(name: str, desc: str, rows: list) -> list[str]:
            "| lean + fast | k of n | compiled GiB | " + " | ".join(f"{e} GiB (error)" for e in ESTIMATORS) + " |",
            "|---|---|---|" + "---|" * len(ESTIMATORS)]
     for lean, fast, n, k, got, pred in rows:
-        cells = " | ".join(f"{pred[e] / GiB:.3f} ({(pred[e] - got) / got:+.1%})" for e in ESTIMATORS)
+        cells = " | ".join(f"{pred[e] / GiB:.3f} ({(pred[e] - got) / got:+.1%})" if e in pred else ""
+                           for e in ESTIMATORS)
         out.append(f"| {lean} + {fast} | {k} of {n} | {got / GiB:.3f} | {cells} |")
     return out + [""]
 
@@ -102,7 +118,7 @@ def summary(all_rows: list) -> list[str]:
     out = ["### Summary", "", "| estimator | mean abs error | worst under | worst over | over-predicted |",
            "|---|---|---|---|---|"]
     for e in ESTIMATORS:
-        errs = [(pred[e] - got) / got for *_, got, pred in all_rows]
+        errs = [(pred[e] - got) / got for *_, got, pred in all_rows if e in pred]
         if errs:
             out.append(f"| {e} | {sum(map(abs, errs)) / len(errs):.2%} | {min(errs):+.1%} | {max(errs):+.1%} | "
                        f"{sum(x > 0 for x in errs)} of {len(errs)} |")
@@ -122,7 +138,9 @@ def main(argv=None) -> int:
                   "Predictions from the uniform plans' compiled peaks a (k = 0), b (k = n) and the chain model's "
                   "peak per count c(k): fall = b - (c(n) - c(k)); scaled = a + (c(k) - c(0)) (b - a) / (c(n) - c(0)); "
                   "linear = a + k/n (b - a); bytes = max(a, b - (n - k) (s(fast) - s(lean)) / n), s = the bytes JAX stores "
-                  "under a policy per layer, over the stack.  Error = (predicted - compiled) / compiled.", summary(all_rows) + sections)
+                  "under a policy per layer, over the stack; measured fall = b - (M(n) - M(k)) and measured = N + M(k) - "
+                  "M(none), M = the chain formula on one layer measured under each policy (alike layers only), N the "
+                  "compiled un-optimized step.  Error = (predicted - compiled) / compiled.", summary(all_rows) + sections)
     return 0
 
 

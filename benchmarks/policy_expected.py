@@ -42,13 +42,12 @@ autoremat.configure_cpu_flags()
 
 import realscale  # noqa: E402
 from _common import models_run, write_results  # noqa: E402
+from _measured import chain_formula, measure_options  # noqa: E402
 
-from autoremat._hand import layer_plan  # noqa: E402
 from autoremat._optimize import _chain, _graph, _raw_chain  # noqa: E402
 from autoremat._search import mix_curve  # noqa: E402
 from autoremat.graph._profiles import detect_profile  # noqa: E402
 from autoremat.graph._trace import trace  # noqa: E402
-from autoremat.runtime._measure import measure_layer, measure_segment  # noqa: E402
 from autoremat.runtime._validate import compiled_stats  # noqa: E402
 
 GiB = 2**30
@@ -63,28 +62,14 @@ def _args(name: str, pols=None):
     return fn, args, desc, n
 
 
-def _chain_formula(m, n: int, post: int) -> int:
-    """`solver/_chain.py`'s peak of n alike layers measured `m`, then the blocks after them
-    (their backward first, while every layer's stored values are live)."""
-    prefix, stage = 0, 0
-    for _ in range(n):
-        stage = max(stage, prefix + m.backward_bytes)
-        prefix += m.stored_bytes
-    return max(prefix, stage, prefix + post)
-
-
 def measured(g, layers, none_peak: int, say) -> dict | None:
     """policy (None: no remat) -> `measured` rule's peak; None unless every layer is alike, and
     on the meshes (not measured there: a layer's compile would need the step's shardings)."""
-    n, (l0, l1) = len(layers), layers[:2]
-    if LAYOUT or len({la.key for la in layers}) != 1 or l0.stop != l1.start:
+    got = None if LAYOUT else measure_options(g, layers, (None, *FASTEST_FIRST))
+    if got is None:
         return None
-    none = layer_plan(g, layers, [None] * n)
-    next_alone = measure_segment(g.traced, none, l1.start, l1.stop)
-    post = measure_segment(g.traced, none, layers[-1].stop, len(g.traced.jaxpr.eqns)).backward_bytes
-    m = {pol: _chain_formula(measure_layer(g.traced, layer_plan(g, layers, [pol] + [None] * (n - 1)), l0.start,
-                                           l0.stop, l1.stop, next_alone), n, post)
-         for pol in (None, *FASTEST_FIRST)}
+    meas, post = got
+    m = {pol: chain_formula([x] * len(layers), post) for pol, x in meas.items()}
     say(f"measured one layer under each option: chain formula {', '.join(f'{v / GiB:.3f}' for v in m.values())} GiB")
     return {pol: none_peak + v - m[None] for pol, v in m.items()}
 
