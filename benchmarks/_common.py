@@ -89,3 +89,21 @@ def expected_cell(expected, peak: int) -> str:
     if not expected:
         return ""
     return f"{expected / 2**30:.2f} ({(expected - peak) / peak:+.1%})"
+
+
+def planner_model(fn, args, say):
+    """(graph, layers, the un-optimized step's compiled peak, chain model) of `fn` at `args`, as
+    `plan_for` builds them on this machine's profile (the model calibrated on that peak,
+    without offload)."""
+    from autoremat._optimize import _chain, _graph, _raw_chain
+    from autoremat.graph._profiles import detect_profile
+    from autoremat.graph._trace import trace
+    from autoremat.runtime._validate import compiled_stats
+
+    traced = trace(fn, args, {}, skip_integer_leaves=False)
+    profile = detect_profile()
+    g, layers = _graph(traced, profile, say)
+    base = compiled_stats(fn, *args).peak_bytes
+    stats_kw = dict(argnums=traced.argnums, static_argnums=(), has_aux=False)
+    model, _ = _chain(fn, g, _raw_chain(g, profile, False, say), profile, False, (args, {}, stats_kw), base, say)
+    return g, layers, base, model

@@ -39,14 +39,11 @@ autoremat.configure_cpu_flags()
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import realscale  # noqa: E402
-from _common import models_run, write_results  # noqa: E402
+from _common import models_run, planner_model, write_results  # noqa: E402
 from _measured import chain_formula, measure_options  # noqa: E402
 
 from autoremat._hand import layer_plan  # noqa: E402
-from autoremat._optimize import _chain, _graph, _raw_chain  # noqa: E402
 from autoremat._search import mix_curve  # noqa: E402
-from autoremat.graph._profiles import detect_profile  # noqa: E402
-from autoremat.graph._trace import trace  # noqa: E402
 from autoremat.runtime._validate import compiled_stats  # noqa: E402
 
 GiB = 2**30
@@ -64,15 +61,10 @@ def predictions(a: int, b: int, c: list, k: int, step: float) -> dict:
 def model_rows(name: str, say) -> tuple[str, list]:
     """(description, rows): per pair and count, the compiled peak and each prediction."""
     fn, args, desc, n = realscale.make_model(name)
-    traced = trace(fn, args, {}, skip_integer_leaves=False)
-    g, layers = _graph(traced, detect_profile(), say)
+    g, layers, base, model = planner_model(fn, args, say)
     if len(layers) != n:
         say(f"{name}: {len(layers)} layers found, {n} written: skipped")
         return desc, []
-    base = compiled_stats(fn, *args).peak_bytes
-    stats_kw = dict(argnums=traced.argnums, static_argnums=(), has_aux=False)
-    profile = detect_profile()
-    model, _ = _chain(fn, g, _raw_chain(g, profile, False, say), profile, False, (args, {}, stats_kw), base, say)
 
     def peak(pols):
         hand_fn, hand_args, _, _ = realscale.make_model(name, pols)

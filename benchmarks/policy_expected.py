@@ -41,13 +41,10 @@ import autoremat  # noqa: E402
 autoremat.configure_cpu_flags()
 
 import realscale  # noqa: E402
-from _common import models_run, write_results  # noqa: E402
+from _common import models_run, planner_model, write_results  # noqa: E402
 from _measured import chain_formula, measure_options  # noqa: E402
 
-from autoremat._optimize import _chain, _graph, _raw_chain  # noqa: E402
 from autoremat._search import mix_curve  # noqa: E402
-from autoremat.graph._profiles import detect_profile  # noqa: E402
-from autoremat.graph._trace import trace  # noqa: E402
 from autoremat.runtime._validate import compiled_stats  # noqa: E402
 
 GiB = 2**30
@@ -78,15 +75,10 @@ def model_rows(name: str, say) -> tuple[str, list]:
     """(description, rows): per policy, fastest first, (policy, model's peak, compiled peak,
     the policy before it or None, ratio rule, difference rule, measured rule or None)."""
     fn, args, desc, n = _args(name)
-    traced = trace(fn, args, {}, skip_integer_leaves=False)
-    g, layers = _graph(traced, detect_profile(), say)
+    g, layers, base, model = planner_model(fn, args, say)
     if len(layers) != n:
         say(f"{name}: {len(layers)} layers found, {n} written: skipped")
         return desc, []
-    base = compiled_stats(fn, *args).peak_bytes
-    stats_kw = dict(argnums=traced.argnums, static_argnums=(), has_aux=False)
-    profile = detect_profile()
-    model, _ = _chain(fn, g, _raw_chain(g, profile, False, say), profile, False, (args, {}, stats_kw), base, say)
     meas = measured(g, layers, base, say)
     rows, prev = [], None
     for pol in FASTEST_FIRST:

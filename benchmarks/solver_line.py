@@ -24,14 +24,11 @@ autoremat.configure_cpu_flags()
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import realscale  # noqa: E402
-from _common import models_run, write_results  # noqa: E402
+from _common import models_run, planner_model, write_results  # noqa: E402
 
 from autoremat._bridge import to_plan  # noqa: E402
 from autoremat._hand import layer_plan  # noqa: E402
 from autoremat._layer_options import fit_peak_line, policy_keeps  # noqa: E402
-from autoremat._optimize import _chain, _graph, _raw_chain  # noqa: E402
-from autoremat.graph._profiles import detect_profile  # noqa: E402
-from autoremat.graph._trace import trace  # noqa: E402
 from autoremat.runtime import apply  # noqa: E402
 from autoremat.runtime._validate import compiled_stats  # noqa: E402
 from autoremat.solver import solve  # noqa: E402
@@ -63,12 +60,7 @@ def stored(g, layers, plan) -> int:
 
 def model_rows(name: str, say) -> tuple[str, list]:
     fn, args, desc, n = realscale.make_model(name)
-    traced = trace(fn, args, {}, skip_integer_leaves=False)
-    g, layers = _graph(traced, detect_profile(), say)
-    base = compiled_stats(fn, *args).peak_bytes
-    stats_kw = dict(argnums=traced.argnums, static_argnums=(), has_aux=False)
-    profile = detect_profile()
-    model, _ = _chain(fn, g, _raw_chain(g, profile, False, say), profile, False, (args, {}, stats_kw), base, say)
+    g, layers, _, model = planner_model(fn, args, say)
     points, rows = [], []
     for pol in realscale.POLICIES:
         hand_fn, hand_args, _, _ = realscale.make_model(name, [pol] * n)
