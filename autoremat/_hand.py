@@ -184,11 +184,10 @@ class HandSearch:
         n = len(self.layers)
         order = [p for tier in reversed(HAND_POLICIES) for p in plans if p[0] == tier]
         for i, (pol, label, plan) in enumerate(order):
-            later = [q[2] for q in order[i + 1:i + 1 + AHEAD]]
+            later = order[i + 1:i + 1 + AHEAD]
             if not self._model_over(pol, limit):  # the leaner policies are compiled only if this one is over
-                later = [q[2] for q in order[i + 1:i + 1 + AHEAD] if q[0] == pol]  # a scan's other variant
-                later += self._first_mix(pol, plan, limit)  # what `mix` likely compiles next
-            got = self.compile(_expecting(plan, self._policy_expected(pol)), label, later)
+                later = [q for q in later if q[0] == pol]  # a scan's other variant, compiled anyway
+            got = self.compile(_expecting(plan, self._policy_expected(pol)), label, [q[2] for q in later])
             self.say(f"hand-written {label} ({n} layers): compiled {format_bytes(got.peak)}, "
                      f"+{got.extra_flops / 1e9:.4g} GFLOP")
             if pol not in self.points or got.peak < self.points[pol].peak:
@@ -200,23 +199,6 @@ class HandSearch:
                 self.say(f"{pol} per layer fits: the leaner policies save less, so recompute no less; "
                          f"not compiled")
                 return
-
-    def _first_mix(self, lean: str, plan: Plan, limit: int) -> list[Plan]:
-        """The mix `mix` likely compiles first if `lean`, about to compile, fits `limit`: `lean`
-        with its last layers under the nearest faster policy, compiled over `limit`, as many as
-        `_first_count` gives (`lean`'s saved bytes read off its plan, as `uniform` files them once
-        compiled); none where not one layer of it is expected to fit.  Staged while `lean`
-        compiles: at GPT 1B's 13.34 GiB budget the first mix, traced after `nothing_saveable`
-        compiled, took 7.0 s where the mixes staged ahead took 4.1-4.6 (benchmarks/budget_log.py
-        --model gpt --only "12 nothing")."""
-        n, faster = len(self.layers), HAND_POLICIES[HAND_POLICIES.index(lean) + 1:]
-        fast = next((p for p in faster if p in self.points), None)
-        if fast is None or self.points[fast].peak <= limit:
-            return []
-        self.saved_bytes[lean] = sum(r.nbytes for r in plan.values.values() if r.decision == "save")
-        line = self._first_line(lean, fast)
-        k = 0 if line is None else max((j for j in range(n) if line(j) <= limit), default=0)
-        return [layer_plan(self.g, self.layers, [lean] * (n - k) + [fast] * k, meta=self.meta)] if k else []
 
     def _policy_expected(self, pol: str) -> float | None:
         """`pol` on every layer's peak expected before compiling it: the compiled peak of the
@@ -433,19 +415,18 @@ class HandSearch:
         line = self._first_line(lean, fast)
         return max((k for k in range(len(self.layers)) if line(k) <= limit), default=0)
 
-    def _first_line(self, lean, fast) -> Callable[[int], float] | None:
+    def _first_line(self, lean, fast) -> Callable[[int], float]:
         """The peak of `k` layers of `fast` (the rest `lean`) expected before any mix of the pair
         is compiled (`_first_count`'s rule): the model's fall where the layers are unlike (or a
         step is unknown), else the bytes step from `fast`'s compiled peak; without saved bytes
-        for both, the line between the two compiled peaks (None while `lean` is not compiled:
-        `_first_mix`)."""
-        n, a, b = len(self.layers), self.points.get(lean), self.points[fast]
+        for both, the line between the two compiled peaks."""
+        n, a, b = len(self.layers), self.points[lean], self.points[fast]
         step = (self.saved_bytes.get(fast, 0) - self.saved_bytes.get(lean, 0)) / n
         known = lean in self.saved_bytes and fast in self.saved_bytes and step > 0
         if self.curve(lean, fast) is not None and not (known and len({la.key for la in self.layers}) == 1):
             return lambda k: self._fall(lean, fast, k)
         if not known:
-            return None if a is None else lambda k: a.peak + k / n * (b.peak - a.peak)
+            return lambda k: a.peak + k / n * (b.peak - a.peak)
         return lambda k: b.peak - (n - k) * step
 
     def _settle(self, lean, fast, k: int, limit: int, floor: int = 1) -> HandPlan | None:

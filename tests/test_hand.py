@@ -100,43 +100,6 @@ def test_a_policy_is_expected_at_the_policy_before_it_plus_the_models_difference
     assert hand._policy_expected("nothing_saveable") == pytest.approx(180.0)
 
 
-def test_the_first_mix_is_traced_while_the_policy_that_fits_compiles():
-    """While a policy expected to fit compiles, the mix `mix` compiles first (its last layers
-    under the faster policy that compiled over the budget, as many as the bytes rule gives) is
-    handed to the compile as the plan to trace ahead; the compiles here peak at a base plus the
-    bytes each plan's records save, so the bytes rule is exact and one layer fits."""
-    from types import SimpleNamespace
-
-    from autoremat._search import _plan_content
-
-    g, layers = _layers(examples.get_example("transformer"))
-    n, base = len(layers), 10**6
-
-    def saved(plan):
-        return sum(r.nbytes for r in plan.values.values() if r.decision == "save")
-
-    seen = []
-
-    def compile(plan, label, ahead=()):
-        seen.append((label, _plan_content(plan), [_plan_content(p) for p in ahead]))
-        return _hand.HandPlan(label, plan, base + saved(plan), 1e12 - saved(plan))  # saving more, recompute less
-
-    fast = saved(_hand.layer_plan(g, layers, ["dots_saveable"] * n))
-    lean = saved(_hand.layer_plan(g, layers, ["dots_with_no_batch_dims_saveable"] * n))
-    assert fast > lean
-    limit = base + lean + int(1.5 * (fast - lean) / n)  # the lean policy and one faster layer fit
-    none = _hand.HandPlan("no remat", None, 10**12, 0.0)
-    hand = _hand.HandSearch(g, layers, compile, none, lambda m: None)
-    hand.uniform(_hand.uniform_plans(g, layers), limit)
-    assert [label.split(" per layer")[0] for label, *_ in seen] == [
-        "dots_saveable", "dots_with_no_batch_dims_saveable"]
-    staged = seen[-1][2]
-    best = hand.mix(limit)
-    first_mix = seen[2]
-    assert first_mix[0] == f"{n - 1} layers dots_with_no_batch_dims_saveable, 1 layers dots_saveable"
-    assert staged == [first_mix[1]] and best.label == first_mix[0]
-
-
 def test_the_solver_sets_per_layer_are_plans_with_the_original_gradients():
     """`_layer_options.ilp_options`: one saved set per layer for each cap, fewer recomputed
     matmul FLOPs as the fixed caps grow, none empty on every layer (that is `nothing_saveable`,
