@@ -213,9 +213,9 @@ class HandSearch:
         curve = self.curve(None, pol)
         if curve is None:
             return None
-        known = [(self.points[p].peak, c[-1]) for p in HAND_POLICIES if p in self.points
-                 and (c := self.curve(None, p)) is not None]
-        return curve[-1] + (known[0][0] - known[0][1] if known else 0.0)
+        nearest = next((self.points[p].peak - c[-1] for p in HAND_POLICIES if p in self.points
+                        and (c := self.curve(None, p)) is not None), 0.0)
+        return curve[-1] + nearest
 
     def _model_over(self, pol: str, limit: int) -> bool:
         """Whether `pol` on every layer is expected over `limit` (`_policy_expected`).  At 1B the

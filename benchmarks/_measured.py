@@ -4,7 +4,8 @@ The measured-layers design of issue 14 (`runtime._measure`, `benchmarks/layer_me
 compile one layer alone and followed by the next under an option (`measure_layer`: its `s`,
 what it stores, and `b`, what is live while it runs backward), measure the blocks after the
 layers alone (their backward runs first), and compose `solver/_chain.py`'s formula.  Used by
-`policy_expected.py` and `mix_counts.py` to set that composition against compiled steps.
+`policy_expected.py`, `mix_counts.py` and `layer_measure.py` to set that composition against
+compiled steps.
 """
 
 from __future__ import annotations

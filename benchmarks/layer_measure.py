@@ -40,6 +40,9 @@ from autoremat.runtime._validate import compiled_stats  # noqa: E402
 from autoremat.solver._chain import Segment  # noqa: E402
 from autoremat.solver._chain_model import build_chain_model  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _measured import chain_formula  # noqa: E402
+
 KINDS = {"none": "no remat", "ckpt:recompute": "nothing_saveable",
          "ckpt:save:dots_no_batch": "dots_with_no_batch_dims_saveable", "ckpt:save:dots": "dots_saveable"}
 GiB = 2**30
@@ -95,16 +98,6 @@ def _plan_segments(m, bounds, kinds):
     return tuple(segs)
 
 
-def _compose(meas, kinds, post_backward):
-    """The chain formula over the layers, then the blocks after them (the head, left alone),
-    whose backward runs first, while every layer's stored values are live."""
-    prefix, stage = 0, 0
-    for kind in kinds:
-        stage = max(stage, prefix + meas[kind].backward_bytes)
-        prefix += meas[kind].stored_bytes
-    return max(prefix, stage, prefix + post_backward)
-
-
 def run_model(name, out):
     first = len(out)
     fn, args, desc = _model(name)
@@ -141,7 +134,7 @@ def run_model(name, out):
         plan = to_plan(m, _plan_segments(m, bounds, kinds))
         compiled[label] = compiled_stats(apply(fn, plan), *args).peak_bytes
     t_comp = time.perf_counter() - t_comp
-    base = compiled["nothing_saveable"] - _compose(meas, ["ckpt:recompute"] * n, post)
+    base = compiled["nothing_saveable"] - chain_formula([meas["ckpt:recompute"]] * n, post)
     out.append(f"{n} repeated layers of {bounds[1] - bounds[0]} chain blocks; chain model built in {t_model:.1f} s; "
                f"{2 * len(KINDS) + 2} layer compiles in {t_meas:.1f} s (the blocks after the layers: b = {post / div:.3f} {unit}); {len(cases)} whole-step compiles in {t_comp:.1f} s. "
                f"`base` = 'nothing_saveable' compiled less its composition: {base / div:.3f} {unit}.\n")
@@ -150,7 +143,7 @@ def run_model(name, out):
         out.append(f"| {lab} | {meas[kind].stored_bytes / div:.3f} | {meas[kind].backward_bytes / div:.3f} |")
     out.append(f"\n| plan (per layer) | composed {unit} | compiled {unit} | error |\n|---|---:|---:|---:|")
     for label, kinds in cases:
-        pred = base + _compose(meas, kinds, post)
+        pred = base + chain_formula([meas[k] for k in kinds], post)
         c = compiled[label]
         out.append(f"| {label} | {pred / div:.3f} | {c / div:.3f} | {100 * (pred - c) / c:+.1f}% |")
     print("\n".join(out[first:]), flush=True)
