@@ -67,6 +67,22 @@ MAX_MIX_STEPS = 5
 FALL_SLACK = 0.03
 
 
+@dataclass
+class _Pair:
+    """A two-option mix being settled (`HandSearch.mix`): the last k layers `fast`, the rest
+    `lean`; counts below `floor` cannot fit (`HandSearch._lean_floor`)."""
+
+    lean: object
+    fast: object
+    floor: int
+    over: int  # the fewest layers of `fast` compiled over the limit (n: `fast` alone is)
+    line: Callable[[int], float]  # the peak expected at each count
+    peaks: dict[int, int]  # count -> compiled peak (0 and n: the two options alone)
+    fit: int = 0  # the most layers of `fast` compiled within the limit
+    steps: int = 0  # counts compiled
+    dropped: bool = False  # its fewest winning count was predicted well over (`_surely_over`)
+
+
 @dataclass(frozen=True)
 class HandPlan:
     """A compiled hand-written plan: its label, plan, compiled peak and extra matmul FLOPs."""
@@ -151,7 +167,7 @@ class HandSearch:
         self.g, self.traced, self.layers, self.compile, self.say = g, g.traced, tuple(layers), compile, say
         self.meta = dict(meta or {})
         self.known = known or (lambda label: None)  # label -> the plan compiled already (an earlier budget)
-        self.mixes: list[HandPlan] = []  # the mixes compiled (`_settle`)
+        self.mixes: list[HandPlan] = []  # the mixes compiled (`mix`)
         # limit -> the fewest extra matmul FLOPs of a plan compiled in this process that fits it
         self.best_fit = best_fit or (lambda limit: min((p.extra_flops for p in (*self.points.values(), *self.mixes)
                                                         if p.compiled and p.peak <= limit), default=math.inf))
@@ -322,14 +338,16 @@ class HandSearch:
         return False
 
     def mix(self, limit: int) -> HandPlan | None:
-        """The best two-option mix within `limit`, compiled.  Two pairs are tried, best predicted
-        first: the pair of JAX policies (or no remat) and the pair with a solver's set predicted
-        to recompute least.  The first is settled by compiling from its first count (or the
-        count where it beats the uniform plans that fit, if higher); the second from the count
-        where it recomputes less than the first's mix: a mix's peak grows with its count, so
-        where that count is over, one compile shows the pair cannot win (GPT 1B's policy mix
-        took two from its first count, benchmarks/budget_log.py --model gpt --only mix).  So the
-        mix a person writes is a candidate whenever it could win.  On the H100 the 18-layer 1B
+        """The best two-option mix within `limit`, compiled.  Two pairs are tried: the pair of
+        JAX policies (or no remat) and the pair with a solver's set predicted to recompute least.
+        They are settled together, one compile at a time (`_next_move`): each compile is of the
+        pair and count predicted to recompute least among the counts that could still beat the
+        best plan that fits, so a pair whose compiles come out over gives way to the other, and
+        a pair is dropped once its fewest winning count is compiled over (a mix's peak grows
+        with its count).  So the mix a person writes is a candidate whenever it could win.  GPT
+        1B at its 13.34 GiB mix budget: the policies' first count compiled over (13 of 24 layers,
+        13.56 GiB) and settling it first cost five mix compiles where three settle both pairs
+        (benchmarks/budget_log.py --model gpt --only "12 nothing").  On the H100 the 18-layer 1B
         decoder's ilp10% set fitted the hand-written mix's budget (9 nothing_saveable + 9
         dots_with_no_batch_dims_saveable, 9.22 GiB, +8.35 TFLOP); its mix was predicted best and
         settled at +8.52, and the policies' mix was never compiled
@@ -338,18 +356,60 @@ class HandSearch:
         policies = [p for p in pairs if p[1] in _POLICIES and p[2] in _POLICIES]
         others = [p for p in pairs if p not in policies]
         tops = sorted((g[0] for g in (policies, others) if g), key=lambda p: p[0])  # options may be None
+        mixes = [_Pair(lean, fast, self._lean_floor(lean, limit), len(self.layers), self._first_line(lean, fast),
+                       {0: self.points[lean].peak, len(self.layers): self.points[fast].peak})
+                 for _, lean, fast, _ in tops]
         bound = min((p.extra_flops for p in self.points.values() if p.peak <= limit), default=math.inf)
         best = None
-        for _, lean, fast, k in tops:
-            floor = self._count_below(lean, fast, bound)
-            floor = None if floor is None else max(floor, self._lean_floor(lean, limit))
-            start = floor if best is not None else max(k, floor)  # a challenger: can it win at all?
-            if floor is None or self._surely_over(lean, fast, start, limit):
-                continue
-            got = self._settle(lean, fast, start, limit, floor)
-            if got is not None and got.extra_flops < bound:
+        while (move := self._next_move(mixes, bound, limit)) is not None:
+            got = self._compile_count(*move, limit)
+            if got.peak <= limit and got.extra_flops < bound:
                 best, bound = got, got.extra_flops
         return best
+
+    def _next_move(self, mixes: Sequence[_Pair], bound: float, limit: int) -> tuple[_Pair, int] | None:
+        """The pair and count to compile next: of each pair's next count (`_next_of`), a count
+        expected to fit before one that only shows the pair over, then the fewest FLOPs."""
+        n, moves = len(self.layers), []
+        for m in mixes:
+            k = self._next_of(m, bound, limit)
+            if k is not None:
+                a, b = self.points[m.lean].extra_flops, self.points[m.fast].extra_flops
+                moves.append((m.line(k) > limit, a + k / n * (b - a), m, k))
+        return min(moves, key=lambda mv: mv[:2])[2:] if moves else None
+
+    def _next_of(self, m: _Pair, bound: float, limit: int) -> int | None:
+        """The count of `m` to compile next: the largest expected to fit (`m.line`) among those
+        that could beat `bound` and are not known over, else the fewest of them (one compile
+        shows whether the pair can win at all); None once there is none, after MAX_MIX_STEPS,
+        or where the fewest is predicted well over before any count is compiled (`_surely_over`)."""
+        below = self._count_below(m.lean, m.fast, bound)
+        if m.dropped or below is None or m.steps >= MAX_MIX_STEPS:
+            return None
+        lo = max(below, m.floor, m.fit + 1)
+        if lo >= m.over:
+            return None
+        if m.steps == 0 and self._surely_over(m.lean, m.fast, lo, limit):
+            m.dropped = True
+            return None
+        return max((k for k in range(lo, m.over) if m.line(k) <= limit), default=lo)
+
+    def _compile_count(self, m: _Pair, k: int, limit: int) -> HandPlan:
+        """`k` layers of `m.fast` (the rest `m.lean`) compiled, the counts either side traced
+        while it compiles; `m`'s bracket and line (`_line`) updated."""
+        n = len(self.layers)
+        nearby = [j for j in (k + 1, k - 1) if max(m.fit, m.floor - 1) < j < m.over][:AHEAD]
+        got = self.plan(self._mix(m.lean, m.fast, k), f"{n - k} layers {_name(m.lean)}, {k} layers {_name(m.fast)}",
+                        [self._mix(m.lean, m.fast, j) for j in nearby], expected=m.line(k))
+        self.say(f"hand-written mix, {got.label}: compiled {format_bytes(got.peak)}")
+        self.mixes.append(got)
+        m.peaks[k], m.steps = got.peak, m.steps + 1
+        if got.peak <= limit:
+            m.fit = k
+        else:
+            m.over = k
+        m.line = _line(m.peaks, m.fit, m.over, self.curve(m.lean, m.fast))
+        return got
 
     def _count_below(self, lean, fast, bound: float) -> int | None:
         """The fewest layers of `fast` (the rest `lean`) whose FLOPs are below `bound`; None if
@@ -428,32 +488,6 @@ class HandSearch:
         if not known:
             return lambda k: a.peak + k / n * (b.peak - a.peak)
         return lambda k: b.peak - (n - k) * step
-
-    def _settle(self, lean, fast, k: int, limit: int, floor: int = 1) -> HandPlan | None:
-        """The largest count of `fast` layers, at least `floor`, that compiles within `limit`,
-        from `k`: a secant step on the compiled peaks (peak per layer of `fast`) while it fits,
-        a bisection once one count fits and a larger one does not; no count below `floor`."""
-        n = len(self.layers)
-        peaks = {0: self.points[lean].peak, n: self.points[fast].peak}
-        fit, over, best = 0, n, None  # largest count known to fit, smallest known over
-        line = self._first_line(lean, fast)  # the peak expected at each count
-        for _ in range(MAX_MIX_STEPS):
-            # the count above, which settles `k` if it fits, then the one below, if it is over
-            nearby = [j for j in (k + 1, k - 1) if max(fit, floor - 1) < j < over][:AHEAD]
-            got = self.plan(self._mix(lean, fast, k), f"{n - k} layers {_name(lean)}, {k} layers {_name(fast)}",
-                            [self._mix(lean, fast, j) for j in nearby], expected=line(k))
-            self.say(f"hand-written mix, {got.label}: compiled {format_bytes(got.peak)}")
-            self.mixes.append(got)
-            peaks[k] = got.peak
-            if got.peak <= limit:
-                fit, best = k, got
-            else:
-                over = k
-            if over - max(fit, floor - 1) <= 1:
-                break
-            line = _line(peaks, fit, over, self.curve(lean, fast))
-            k = max(floor, _next_count(line, fit, over, limit))
-        return best
 
     def _mix(self, lean, fast, k: int) -> list:
         """What each layer gets with the last `k` under `fast` and the rest under `lean`."""

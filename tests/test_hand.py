@@ -258,6 +258,46 @@ def test_the_policies_mix_is_tried_wherever_it_could_beat_a_solver_sets_mix():
         "6 layers nothing_saveable, 12 layers dots_with_no_batch_dims_saveable"]
 
 
+def test_two_mix_pairs_are_settled_together_so_a_pair_compiling_over_gives_way():
+    """GPT 1B at its 13.34 GiB mix budget (benchmarks/budget_log.py --model gpt): the policies'
+    first count, 13 of 24 layers of dots_with_no_batch_dims_saveable by the bytes step (0.25 GiB
+    a layer, where the compiles step by 0.22), compiled over; settling that pair first took one
+    more compile (12 layers, +8.25 TFLOP), then the solver set's pair three more from its
+    fewest winning count (5, 6 fitting, 7 over).  Settled together, the set's predicted 6 layers
+    (+7.83) goes next, and its win leaves no count of the policies' pair that could beat it
+    and is not known over: three compiles, the same answer, and it still beats every policy mix
+    that fits.  The compiles here follow lines through GPT's compiled mixes (GiB, GFLOP)."""
+    from types import SimpleNamespace
+
+    from autoremat.graph._layers import Layer
+
+    gib, n = 2**30, 24
+    layers = [Layer(i, i + 1, "k") for i in range(n)]
+    hand = _hand.HandSearch(SimpleNamespace(traced=None), layers, None, None, lambda m: None)
+    nothing, dbd = "nothing_saveable", "dots_with_no_batch_dims_saveable"
+    uniform = {nothing: (10.71, 14843.0), dbd: (16.00, 1649.0), "ilp10%": (12.78, 9896.0)}
+    hand.points = {o: _hand.HandPlan(o, None, int(p * gib), f * 1e9, compiled=o != "ilp10%")
+                   for o, (p, f) in uniform.items()}
+    hand.choice = {o: (lambda k, o=o: o) for o in uniform}
+    hand.saved_bytes = {nothing: 0, dbd: int(n * 0.25 * gib), "ilp10%": int(n * (0.25 - 0.153) * gib)}
+    lines = {nothing: (10.71, 0.2195), "ilp10%": (12.27, 0.1554)}  # the compiled mixes with dbd: GiB + GiB/layer
+    compiled = []
+
+    def plan(options, label, ahead=(), expected=None):
+        lean, k = options[0], sum(o == dbd for o in options)
+        compiled.append((lean, k))
+        (p0, step), fa = lines[lean], uniform[lean][1]
+        return _hand.HandPlan(label, None, int((p0 + k * step) * gib), (fa + k / n * (1649.0 - fa)) * 1e9)
+
+    hand.plan = plan
+    limit = int(13.35 * gib)
+    best = hand.mix(limit)
+    assert compiled == [(nothing, 13), ("ilp10%", 6), ("ilp10%", 7)]
+    assert best.label == "18 layers the solver's ilp10% set, 6 layers dots_with_no_batch_dims_saveable"
+    policy_mixes = [k for k in range(n + 1) if lines[nothing][0] + k * lines[nothing][1] <= 13.35]
+    assert best.extra_flops < (14843.0 + max(policy_mixes) / n * (1649.0 - 14843.0)) * 1e9
+
+
 def test_a_pair_whose_fewest_winning_count_is_predicted_well_over_the_budget_is_not_compiled():
     """GPT 1B at its dots_with_no_batch_dims_saveable + dots_saveable mix budget (19.37 GiB): the
     policies' pair needed 15 of 24 layers of the faster policy to beat the solver set's mix, and
