@@ -465,29 +465,29 @@ class HandSearch:
         (benchmarks/realscale.py): 0.30 GiB per layer between the mixes of Llama's 10.72 GiB
         budget, where 18 layers' saved bytes give 0.33; the line through the two uniform peaks
         instead gave 0.22 and its first count, 5 of the 9 that fit, took four compiles to mend.
-        Without saved bytes for both options (no remat), that line.  Where the layers are not
-        alike and the model gives the mix's peak per count (`curve`), its rise from each count to
-        all `fast` instead of the saved bytes (ResNet-50's last 8 of 16 blocks under
-        dots_saveable, the first 8 under dots_with_no_batch_dims_saveable, compile to the latter's
-        peak, 2.38 GiB; benchmarks/realscale.py).  Where they are alike, the bytes JAX stores
-        predicted 47 compiled mixes within 0.90% on average, the model's fall within 3.67% (down
-        to -14.1%: too many layers of `fast`; benchmarks/results/mix_counts.md)."""
+        Where the layers are not alike (or a step is unknown: no remat) and the model gives the
+        mix's peak per count (`curve`), its shape between the two compiled peaks (`_line`)
+        instead: ResNet-50's last 8 of 16 blocks under dots_saveable, the first 8 under
+        dots_with_no_batch_dims_saveable, compile to the latter's peak, 2.38 GiB, as that shape
+        says (+0.0% at 1-8 layers, +5.0% and +2.8% at 12 and 15), where the model's fall from
+        `fast`'s compiled peak said -12.0% (so the first count, 12, compiled over: 9 s).  Over
+        the 47 compiled mixes of the four unrolled real-scale models (benchmarks/results/
+        mix_counts.md) the bytes JAX stores came within 0.90% on average, that shape 1.45%, the
+        fall 3.67% (down to -14.1%: too many layers of `fast`), the line without the model 2.30%."""
         line = self._first_line(lean, fast)
         return max((k for k in range(len(self.layers)) if line(k) <= limit), default=0)
 
     def _first_line(self, lean, fast) -> Callable[[int], float]:
         """The peak of `k` layers of `fast` (the rest `lean`) expected before any mix of the pair
-        is compiled (`_first_count`'s rule): the model's fall where the layers are unlike (or a
-        step is unknown), else the bytes step from `fast`'s compiled peak; without saved bytes
-        for both, the line between the two compiled peaks."""
+        is compiled (`_first_count`'s rule): the bytes step from `fast`'s compiled peak where the
+        layers are alike and both options' saved bytes are known, else the line between the two
+        compiled peaks, against the model's peak of each count where there is one (`_line`)."""
         n, a, b = len(self.layers), self.points[lean], self.points[fast]
         step = (self.saved_bytes.get(fast, 0) - self.saved_bytes.get(lean, 0)) / n
         known = lean in self.saved_bytes and fast in self.saved_bytes and step > 0
-        if self.curve(lean, fast) is not None and not (known and len({la.key for la in self.layers}) == 1):
-            return lambda k: self._fall(lean, fast, k)
-        if not known:
-            return lambda k: a.peak + k / n * (b.peak - a.peak)
-        return lambda k: b.peak - (n - k) * step
+        if known and (len({la.key for la in self.layers}) == 1 or self.curve(lean, fast) is None):
+            return lambda k: b.peak - (n - k) * step
+        return _line({0: a.peak, n: b.peak}, 0, n, self.curve(lean, fast))
 
     def _mix(self, lean, fast, k: int) -> list:
         """What each layer gets with the last `k` under `fast` and the rest under `lean`."""
