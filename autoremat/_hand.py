@@ -17,8 +17,9 @@ compiled plan that recomputes the fewest FLOPs.
   the mixes, compiled alone (`HandSearch.sets_alone`) only where none of its mixes fits.
 * `HandSearch.mix`: for a budget between two of them, the last `k` layers under the faster
   policy and the rest under the leaner one; `k` from the faster one's compiled peak less what
-  the leaner layers store less (the chain model's peak of each count, for JAX's policies; else
-  a layer's saved bytes), then corrected by compiling (the peak grows with `k`).
+  the leaner layers store less (where the layers are alike; else the chain model's peak of
+  each count between the two compiled peaks), then corrected by compiling (the peak grows with
+  `k`); the policies' pair and a solver set's pair are settled together, one compile at a time.
 
 FLOPs are the matmul FLOPs of the step's jaxpr (`CompiledStats.matmul_flops`: recomputation
 included, scan bodies times their trip count), relative to the un-optimized step.
@@ -369,7 +370,9 @@ class HandSearch:
 
     def _next_move(self, mixes: Sequence[_Pair], bound: float, limit: int) -> tuple[_Pair, int] | None:
         """The pair and count to compile next: of each pair's next count (`_next_of`), a count
-        expected to fit before one that only shows the pair over, then the fewest FLOPs."""
+        expected to fit before one that only shows the pair over (a mix that fits lowers the
+        bound, which may leave another pair nothing to show; a count shown over never does),
+        then the fewest FLOPs."""
         n, moves = len(self.layers), []
         for m in mixes:
             k = self._next_of(m, bound, limit)
