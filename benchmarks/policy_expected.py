@@ -9,13 +9,14 @@ leans on the leanest policy q compiled so far (the nearest in peak), compiled at
 * ratio:      c(p) x C(q) / c(q)       (the rule until 2026-11-26)
 * difference: C(q) + c(p) - c(q)       (`HandSearch._policy_expected` since)
 
-and, not in the planner, a rule with no compiled policy before it (so also for the first):
+and, not in the planner, two rules with no compiled policy before it (so also for the first),
+from the compiled un-optimized step N and the model's peak of no remat on every layer c(none):
 
+* un-optimized: N + c(p) - c(none)
 * measured:   C(none) + m(p) - m(none), m = the chain formula over the layers on one layer's
   measurements under each option (`runtime._measure.measure_layer`: the layer compiled alone,
   and followed by the next; the blocks after the layers measured alone, left as they are), C(none)
-  the compiled un-optimized step; where every layer is alike (one layer is measured), on one
-  device.
+  = N; where every layer is alike (one layer is measured), on one device.
 
 This compiles each policy per layer (written by hand, `jax.checkpoint` around every layer) of
 realscale.py's unrolled models, or of sharded.py's with `--layout`, and sets the rules against
@@ -73,13 +74,16 @@ def measured(g, layers, none_peak: int, say) -> dict | None:
 
 def model_rows(name: str, say) -> tuple[str, list]:
     """(description, rows): per policy, fastest first, (policy, model's peak, compiled peak,
-    the policy before it or None, ratio rule, difference rule, measured rule or None)."""
+    the policy before it or None, ratio rule, difference rule, measured rule or None,
+    un-optimized rule)."""
     fn, args, desc, n = _args(name)
     g, layers, base, model = planner_model(fn, args, say)
     if len(layers) != n:
         say(f"{name}: {len(layers)} layers found, {n} written: skipped")
         return desc, []
     meas = measured(g, layers, base, say)
+    c_none = mix_curve(model, layers, None, None)[-1]
+    say(f"{name}: un-optimized step compiled {base / GiB:.3f} GiB, the model's no remat per layer {c_none / GiB:.3f}")
     rows, prev = [], None
     for pol in FASTEST_FIRST:
         c = mix_curve(model, layers, None, pol)[-1]
@@ -89,7 +93,7 @@ def model_rows(name: str, say) -> tuple[str, list]:
         if prev is not None:
             q, cq, gq = prev
             ratio, diff = c * gq / cq, gq + c - cq
-        rows.append((pol, c, got, prev[0] if prev else None, ratio, diff, meas and meas[pol]))
+        rows.append((pol, c, got, prev[0] if prev else None, ratio, diff, meas and meas[pol], base + c - c_none))
         say(f"{name} {pol}: model {c / GiB:.3f}, compiled {got / GiB:.3f}, ratio {ratio / GiB:.3f}, "
             f"difference {diff / GiB:.3f}" + (f", measured {meas[pol] / GiB:.3f}" if meas else "") + " GiB")
         prev = (pol, c, got)
@@ -103,10 +107,10 @@ def _cell(v: float | None, got: int) -> str:
 def table(name: str, desc: str, rows: list) -> list[str]:
     out = [f"### {name}" + (f", {LAYOUT}" if LAYOUT else ""), "", desc, "",
            "| policy per layer | after | model GiB | compiled GiB | ratio GiB (error) | difference GiB (error) | "
-           "measured GiB (error) |", "|---|---|---|---|---|---|---|"]
-    for pol, c, got, q, ratio, diff, meas in rows:
+           "measured GiB (error) | un-optimized GiB (error) |", "|---|---|---|---|---|---|---|---|"]
+    for pol, c, got, q, ratio, diff, meas, unopt in rows:
         out.append(f"| {pol} | {q or '(first)'} | {c / GiB:.3f} | {got / GiB:.3f} | {_cell(ratio, got)} | "
-                   f"{_cell(diff, got)} | {_cell(meas, got)} |")
+                   f"{_cell(diff, got)} | {_cell(meas, got)} | {_cell(unopt, got)} |")
     return out + [""]
 
 
@@ -116,7 +120,8 @@ def summary(all_rows: list) -> list[str]:
     for k, rule, rows, which in ((4, "ratio", after, "compiled after another"),
                                  (5, "difference", after, "compiled after another"),
                                  (6, "measured", after, "compiled after another"),
-                                 (6, "measured", all_rows, "all")):
+                                 (6, "measured", all_rows, "all"),
+                                 (7, "un-optimized", all_rows, "all")):
         errs = [(r[k] - r[2]) / r[2] for r in rows if r[k] is not None]
         if errs:
             out.append(f"| {rule} | {which} | {sum(abs(x) <= 0.05 for x in errs)} of {len(errs)} | {min(errs):+.1%} | "
