@@ -398,7 +398,7 @@ class HandSearch:
         if m.steps == 0 and self._surely_over(m.lean, m.fast, lo, limit):
             m.dropped = True
             return None
-        return max((k for k in range(lo, m.over) if m.line(k) <= limit), default=lo)
+        return _next_count(m.line, lo - 1, m.over, limit)
 
     def _compile_count(self, m: _Pair, k: int, limit: int) -> HandPlan:
         """`k` layers of `m.fast` (the rest `m.lean`) compiled, the counts either side traced
