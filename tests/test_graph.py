@@ -531,6 +531,44 @@ def test_find_layers_finds_the_blocks_that_do_not_repeat():
 
 
 
+def test_find_layers_finds_layers_that_all_read_one_value():
+    """An encoder-decoder: every decoder layer attends to the encoder's output, made once before
+    them, so each reads it further back than the one before.  Counted by that distance, the
+    decoder layers did not repeat (one layer with every decoder matmul); read by several
+    equations, the value is one operand in each, and all 3 + 3 layers are found, the decoder's
+    under one key."""
+    import jax
+    import jax.numpy as jnp
+
+    from autoremat.graph import build_graph
+    from autoremat.graph._layers import find_layers
+
+    def attend(h, mem, w):
+        s = jax.nn.softmax((h @ w[0]) @ (mem @ w[1]).T)
+        return h + (s @ (mem @ w[2])) @ w[3]
+
+    def loss(p, src, tgt):
+        m = src @ p["embed"]
+        for w in p["enc"]:
+            m = m + jnp.tanh(attend(m, m, w) @ w[4])
+        m = jnp.tanh(m)
+        h = tgt @ p["embed"]
+        for w in p["dec"]:
+            h = attend(h, h, w[:4])
+            h = h + jnp.tanh(attend(h, m, w[4:]) @ w[8])
+        return jnp.mean(h)
+
+    d = 16
+    p = {"enc": [jnp.ones((5, d, d)) for _ in range(3)], "dec": [jnp.ones((9, d, d)) for _ in range(3)],
+         "embed": jnp.ones((d, d))}
+    g = build_graph(loss, p, jnp.ones((8, d)), jnp.ones((8, d)))
+    ops = list(g.ops.values())
+    layers = find_layers(g)
+    dots = [sum(op.primitive == "dot_general" for op in ops[la.start:la.stop]) for la in layers]
+    assert dots == [7, 7, 7, 13, 13, 13]
+    assert len({la.key for la in layers[3:]}) == 1
+
+
 def test_find_layers_cuts_where_the_users_modules_do():
     """Where two cuts are crossed by equally few bytes (a block's residual add and the relu after
     it), layers start and end where the name stack changes module, as flax linen's do: each

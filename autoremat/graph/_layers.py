@@ -4,8 +4,9 @@ A training step's top-level equations are mostly a stack of identical layers: an
 `for` loop over blocks, a library's layer stack, the stages of a conv net.  Per-layer
 measurements (`runtime/_measure.py`) need to know where the layers are and which are the same:
 
-* **Repeats.**  Each equation gets a token (primitive, types, and where its operands come from,
-  counted backwards, so the token does not depend on where the layer sits).  A layer stack is a
+* **Repeats.**  Each equation gets a token (primitive, types, and where its operands come from:
+  how far back, or, for a value several equations read, only its type; so the token does not
+  depend on where the layer sits, nor on how far back a value read by every layer was made).  A layer stack is a
   tandem repeat of the token sequence: a period `P` with `tokens[i] == tokens[i + P]` over a run
   covering at least two periods.  The period covering the most equations wins (the smallest
   such period, so two layers are not taken for one); the search repeats on what is left, so a
@@ -197,15 +198,30 @@ def _scope(g: Graph, op: OpInfo) -> str:
 
 
 def _tokens(g: Graph, ops: list[OpInfo]) -> np.ndarray:
-    """One integer per equation: primitive, types and operands' relative producers."""
+    """One integer per equation: primitive, types and where its operands come from: an
+    argument (by type), a value only this equation reads (by how far back its maker is), or a
+    value several equations read (by type alone).  A value read by every layer (an encoder's
+    output each decoder layer attends to, a mask or position table made once) is then the same
+    operand in each layer, though each is further from its maker; counted by that distance, an
+    encoder-decoder's 6 decoder layers did not repeat and were found as one layer with 82
+    matmuls (the per-layer policies a person writes there were never tried).  Values read
+    within a layer by several equations (a norm's output read by the q, k and v projections)
+    repeat either way."""
     pos = {op.id: i for i, op in enumerate(ops)}
+    readers: dict[str, int] = {}
+    for op in ops:
+        for v in set(op.inputs):
+            readers[v] = readers.get(v, 0) + 1
     table: dict[str, int] = {}
     out = np.empty(len(ops), dtype=np.int64)
     for i, op in enumerate(ops):
         ins = []
         for v in op.inputs:
             p = g.values[v].producer
-            ins.append(f"-{i - pos[p]}" if p in pos else f"in:{g.values[v].type_str}")
+            if p not in pos:
+                ins.append(f"in:{g.values[v].type_str}")
+            else:
+                ins.append(f"shared:{g.values[v].type_str}" if readers[v] > 1 else f"-{i - pos[p]}")
         outs = ",".join(g.values[v].type_str for v in op.outputs)
         key = f"{op.primitive}({','.join(ins)})->{outs}|{sorted(op.params.items())}"
         out[i] = table.setdefault(key, len(table))
