@@ -31,7 +31,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from autoremat._layer_options import fit_peak_line, policy_keeps
+from autoremat._layer_options import fit_peak_line, policy_keeps, policy_layer_flops
 from autoremat._units import format_bytes
 from autoremat.graph._graph import Graph
 from autoremat.graph._layers import Layer, layer_spans
@@ -185,6 +185,8 @@ class HandSearch:
         self.points: dict[str | None, HandPlan] = {None: none}  # option on every layer -> compiled
         self.choice = {None: lambda k: None}  # option -> what layer k gets under it
         self.saved_bytes: dict[str, int] = {}  # option -> bytes it saves over the stack
+        # option -> the matmul FLOPs each layer recomputes under it, as the region solver counts
+        self.layer_flops: dict[str | None, tuple[float, ...]] = {None: (0.0,) * len(self.layers)}
 
     def plan(self, policies: Sequence[str | None], label: str, ahead: Sequence[Sequence] = (),
              expected: float | None = None) -> HandPlan:
@@ -214,6 +216,7 @@ class HandSearch:
                 self.points[pol] = got
                 self.choice[pol] = lambda k, pol=pol: pol
                 self.saved_bytes[pol] = sum(r.nbytes for r in got.plan.values.values() if r.decision == "save")
+                self.layer_flops[pol] = policy_layer_flops(self.g, self.layers, pol)
             last_of_tier = i + 1 == len(order) or order[i + 1][0] != pol
             if last_of_tier and self.points[pol].peak <= limit and pol != HAND_POLICIES[0]:
                 self.say(f"{pol} per layer fits: the leaner policies save less, so recompute no less; "
@@ -289,6 +292,8 @@ class HandSearch:
             self.points[o.label] = got
             self.choice[o.label] = lambda k, o=o: o.saved[k]
             self.saved_bytes[o.label] = o.saved_bytes
+            if o.layer_flops:
+                self.layer_flops[o.label] = o.layer_flops
             if self._may_fit(got.peak, o.saved_bytes, got.extra_flops, limit):
                 return True
         return False
@@ -376,12 +381,11 @@ class HandSearch:
         expected to fit before one that only shows the pair over (a mix that fits lowers the
         bound, which may leave another pair nothing to show; a count shown over never does),
         then the fewest FLOPs."""
-        n, moves = len(self.layers), []
+        moves = []
         for m in mixes:
             k = self._next_of(m, bound, limit)
             if k is not None:
-                a, b = self.points[m.lean].extra_flops, self.points[m.fast].extra_flops
-                moves.append((m.line(k) > limit, a + k / n * (b - a), m, k))
+                moves.append((m.line(k) > limit, self._mix_flops(m.lean, m.fast, k), m, k))
         return min(moves, key=lambda mv: mv[:2])[2:] if moves else None
 
     def _next_of(self, m: _Pair, bound: float, limit: int) -> int | None:
@@ -418,13 +422,25 @@ class HandSearch:
         return got
 
     def _count_below(self, lean, fast, bound: float) -> int | None:
-        """The fewest layers of `fast` (the rest `lean`) whose FLOPs are below `bound`; None if
-        even all but one are not."""
+        """The fewest layers of `fast` (the rest `lean`) whose FLOPs (`_mix_flops`) are below
+        `bound`; None if even all but one are not."""
+        return next((k for k in range(1, len(self.layers)) if self._mix_flops(lean, fast, k) < bound), None)
+
+    def _mix_flops(self, lean, fast, k: int) -> float:
+        """The extra matmul FLOPs of `k` layers of `fast` last, the rest `lean`: the two options'
+        compiled FLOPs, and between them what the layers recompute under each (`layer_flops`), or
+        the same share per layer where those are not known or the layers are alike.  An
+        encoder-decoder's 6 + 6 layers, nothing_saveable on the encoder and
+        dots_with_no_batch_dims_saveable on the decoder, recompute 2.78 TFLOP, not the 3.25 of
+        an equal share (its decoder layers have twice the attention): at the hand-written mix's
+        own peak that count was not tried, as it could not beat 7 + 5 layers (3.26 TFLOP)."""
         n, a, b = len(self.layers), self.points[lean].extra_flops, self.points[fast].extra_flops
-        if bound == math.inf:
-            return 1
-        k = max(1, math.floor((a - bound) / (a - b) * n) + 1)
-        return k if k < n else None
+        lo, hi = self.layer_flops.get(lean), self.layer_flops.get(fast)
+        total = None if lo is None or hi is None else (sum(lo), sum(hi))
+        if total is None or total[0] == total[1]:
+            return a + k / n * (b - a)
+        moved = sum(lo[n - k:]) - sum(hi[n - k:])  # what the last k layers recompute less under `fast`
+        return a + moved / (total[0] - total[1]) * (b - a)
 
     def _surely_over(self, lean, fast, k: int, limit: int) -> bool:
         """Whether `k` layers of `fast` are predicted over `limit` by more than FALL_SLACK: the
@@ -456,8 +472,8 @@ class HandSearch:
         would never be tried, and the first line is off by up to +0.7% (the bytes step on one
         layer of Llama 1B's dots_with_no_batch_dims_saveable, 9.474 GiB where it compiled to
         9.411: benchmarks/results/mix_counts.md); least predicted first.  The FLOPs of a mix
-        are its layers' (exact for identical layers); only the count is a guess."""
-        n, out = len(self.layers), []
+        are its layers' (`_mix_flops`); only the count is a guess."""
+        out = []
         for lean, a in self.points.items():
             for fast, b in self.points.items():
                 if limit < b.peak and b.extra_flops < a.extra_flops:
@@ -466,7 +482,7 @@ class HandSearch:
                             and self._first_line(lean, fast)(1) <= limit * (1 + FALL_SLACK)):
                         k = 1
                     if k >= max(1, self._lean_floor(lean, limit)):
-                        out.append((a.extra_flops + k / n * (b.extra_flops - a.extra_flops), lean, fast, k))
+                        out.append((self._mix_flops(lean, fast, k), lean, fast, k))
         return sorted(out, key=lambda p: p[0])
 
     def _first_count(self, lean, fast, limit: int) -> int:

@@ -29,7 +29,8 @@ from autoremat.solver._peak_model import stored_residuals
 from autoremat.solver._region import recompute_closure, region_solution
 from autoremat.solver._region_options import DEFAULT_CAPS, _region_problem, _solve_block_options
 
-__all__ = ["LayerOption", "POLICY_CAPS", "ilp_options", "fit_peak_line", "policy_saves", "policy_keeps"]
+__all__ = ["LayerOption", "POLICY_CAPS", "ilp_options", "fit_peak_line", "policy_layer_flops", "policy_saves",
+           "policy_keeps"]
 
 # Caps at the bytes of the outputs a JAX policy may save in the layer (`policy_saves`), labelled
 # by it.  That is one activation per decoder layer more than the policy stores (`policy_keeps`:
@@ -43,12 +44,14 @@ POLICY_CAPS = ("dots_with_no_batch_dims_saveable", "dots_saveable")
 
 @dataclass(frozen=True)
 class LayerOption:
-    """One saved set per layer (value ids), its bytes over the stack and recomputed matmul FLOPs."""
+    """One saved set per layer (value ids), its bytes over the stack and recomputed matmul FLOPs
+    (in all, and per layer: empty where not known)."""
 
     label: str
     saved: tuple[frozenset, ...]
     saved_bytes: int
     matmul_flops: float
+    layer_flops: tuple[float, ...] = ()
 
 
 def ilp_options(g: Graph, layers: Sequence[Layer], *, time_limit: float | None = 2.0) -> list[LayerOption]:
@@ -65,7 +68,7 @@ def ilp_options(g: Graph, layers: Sequence[Layer], *, time_limit: float | None =
     out, seen = [], set()
     n_caps = len(DEFAULT_CAPS) + len(POLICY_CAPS)
     for c in range(n_caps):
-        saved, nbytes, flops = [], 0, 0.0
+        saved, nbytes, flops = [], 0, []
         for layer in layers:
             proto_start, kinds = per_key[layer.key]
             label, proto_saved, proto_flops = kinds[c]
@@ -74,7 +77,7 @@ def ilp_options(g: Graph, layers: Sequence[Layer], *, time_limit: float | None =
                 return []
             saved.append(shifted)
             nbytes += sum(g.values[v].nbytes for v in shifted)
-            flops += proto_flops
+            flops.append(proto_flops)
         key = tuple(saved)
         # A set empty on every layer is `nothing_saveable`, which `HandSearch.uniform` compiles
         # as written: as an option of its own it was compiled again, with its mixes (llama 1B
@@ -82,8 +85,26 @@ def ilp_options(g: Graph, layers: Sequence[Layer], *, time_limit: float | None =
         # benchmarks/budget_log.py --model llama1b --layout fsdp_tp --only nothing).
         if key not in seen and any(saved):
             seen.add(key)
-            out.append(LayerOption(label, key, nbytes, flops))
+            out.append(LayerOption(label, key, nbytes, sum(flops), tuple(flops)))
     return out
+
+
+def policy_layer_flops(g: Graph, layers: Sequence[Layer], policy: str | None) -> tuple[float, ...]:
+    """The matmul FLOPs each layer recomputes under one of JAX's policies (None: no remat), as
+    the region solver counts its sets' (`policy_keeps`, then what the backward pass re-runs):
+    how a mix's FLOPs change from layer to layer where the layers are not alike
+    (`HandSearch._mix_flops`)."""
+    if policy is None:
+        return (0.0,) * len(layers)
+    ops, per_key = list(g.ops.values()), {}
+    for layer in layers:
+        if layer.key not in per_key:
+            layer_ops = ops[layer.start:layer.stop]
+            problem = _layer_problem(g, layer_ops)[2]
+            closure = recompute_closure(problem, policy_keeps(g, layer_ops, policy))
+            per_key[layer.key] = sum(float(g.ops[o].cost.flops) for o in closure
+                                     if g.ops[o].primitive in MATMUL_PRIMITIVES)
+    return tuple(per_key[layer.key] for layer in layers)
 
 
 def _solve(g: Graph, layer_ops, time_limit) -> tuple[int, list]:

@@ -434,6 +434,55 @@ def test_a_mix_of_unlike_layers_is_found_on_the_models_peak_per_count():
         assert compiled[0] == 1 and best.peak <= truth[0] * mib and best.extra_flops < 508e9
 
 
+def _encdec_search(per_layer: bool):
+    """A HandSearch over an encoder-decoder's 6 + 6 unlike layers (GiB, GFLOP; shaped like the
+    probe in docs/FINDINGS.md: its decoder layers, with cross attention, recompute twice the
+    encoder's under both policies), whose compiles give each count's peak from a table and its
+    FLOPs from the layers' own; `per_layer`: whether the search knows the layers' FLOPs."""
+    from types import SimpleNamespace
+
+    from autoremat.graph._layers import Layer
+
+    gib, n = 2**30, 12
+    lean, fast = "nothing_saveable", "dots_with_no_batch_dims_saveable"
+    layers = [Layer(i, i + 1, "enc" if i < 6 else "dec") for i in range(n)]
+    flops = {lean: (300.0,) * 6 + (600.0,) * 6, fast: (50.0,) * 6 + (100.0,) * 6}
+    peaks = [7.04 + k * 0.1417 if k <= 6 else 7.89 + (k - 6) * 0.1817 for k in range(n + 1)]
+    model = [p * (1.02 if k >= 6 else 1.0) for k, p in enumerate(peaks)]  # k = 6 predicted just over
+    hand = _hand.HandSearch(SimpleNamespace(traced=None), layers, None, None, lambda m: None,
+                            curve=lambda a, b: [int(m * gib) for m in model] if (a, b) == (lean, fast) else None)
+    hand.points = {o: _hand.HandPlan(o, None, int(peaks[0 if o == lean else n] * gib), sum(flops[o]) * 1e9)
+                   for o in (lean, fast)}
+    hand.choice = {o: (lambda k, o=o: o) for o in hand.points}
+    hand.saved_bytes = {lean: 0, fast: int((peaks[n] - peaks[0]) * gib)}
+    if per_layer:
+        hand.layer_flops.update(flops)
+    compiled = []
+
+    def plan(options, label, ahead=(), expected=None):
+        k = sum(o == fast for o in options)
+        compiled.append(k)
+        return _hand.HandPlan(label, None, int(peaks[k] * gib), sum(flops[o][i] for i, o in enumerate(options)) * 1e9)
+
+    hand.plan = plan
+    return hand, compiled, int(peaks[6] * gib)
+
+
+def test_a_mix_of_unlike_layers_counts_what_each_layer_recomputes():
+    """An encoder-decoder (12 layers) at its hand-written mix's own peak, nothing_saveable on the
+    encoder and dots_with_no_batch_dims_saveable on the decoder: with 5 decoder layers of the
+    faster policy compiled within the budget, an equal share of FLOPs per layer said the sixth
+    could not beat them (the decoder layers recompute more), so it was never compiled and
+    autoremat recomputed more than the hand mix.  Counting each layer's own FLOPs, it is."""
+    hand, compiled, limit = _encdec_search(per_layer=True)
+    best = hand.mix(limit)
+    assert best.label == "6 layers nothing_saveable, 6 layers dots_with_no_batch_dims_saveable"
+    assert best.extra_flops == pytest.approx((6 * 300.0 + 6 * 100.0) * 1e9) and 6 in compiled
+    hand, compiled, limit = _encdec_search(per_layer=False)  # an equal share per layer: the loss
+    best = hand.mix(limit)
+    assert compiled[0] == 5 and 6 not in compiled and best.extra_flops > (6 * 300.0 + 6 * 100.0) * 1e9
+
+
 def test_the_solver_set_alone_is_compiled_only_where_none_of_its_mixes_fits(monkeypatch):
     """At the unrolled 1B decoders' mix budgets the solver's set per layer was compiled alone
     before its mixes (7-9 s each) and a mix of it with a faster policy won every time: such a mix
