@@ -569,6 +569,36 @@ def test_find_layers_finds_layers_that_all_read_one_value():
     assert len({la.key for la in layers[3:]}) == 1
 
 
+def test_find_layers_finds_layers_that_differ_only_in_a_constant():
+    """A decoder alternating local and global attention: the local layers' mask takes two more
+    comparisons of `iota`s, so the token sequence repeats only every two layers, and pairs were
+    found as layers.  Constants are left out of the search: every layer is found, in two kinds."""
+    import jax
+    import jax.numpy as jnp
+
+    from autoremat.graph import build_graph
+    from autoremat.graph._layers import find_layers
+
+    def layer(h, w, local):
+        i = jnp.arange(h.shape[0])
+        mask = i[:, None] >= i[None, :]
+        if local:
+            mask = mask & (i[:, None] - i[None, :] < 4)
+        s = jnp.where(mask, (h @ w[0]) @ (h @ w[1]).T, -1e4)
+        return h + jnp.tanh(jax.nn.softmax(s) @ (h @ w[2]))
+
+    def loss(ws, x):
+        h = x @ ws[0][3]
+        for k, w in enumerate(ws):
+            h = layer(h, w, local=k % 2 == 0)
+        return jnp.mean(h)
+
+    g = build_graph(loss, [jnp.ones((4, 16, 16)) for _ in range(6)], jnp.ones((8, 16)))
+    layers = find_layers(g)
+    assert len(layers) == 6
+    assert layers[0].key != layers[1].key and [la.key for la in layers] == [layers[0].key, layers[1].key] * 3
+
+
 def test_find_layers_cuts_where_the_users_modules_do():
     """Where two cuts are crossed by equally few bytes (a block's residual add and the relu after
     it), layers start and end where the name stack changes module, as flax linen's do: each

@@ -6,9 +6,10 @@ measurements (`runtime/_measure.py`) need to know where the layers are and which
 
 * **Repeats.**  Each equation gets a token (primitive, types, and where its operands come from:
   how far back, or, for a value several equations read, only its type; so the token does not
-  depend on where the layer sits, nor on how far back a value read by every layer was made).  A layer stack is a
-  tandem repeat of the token sequence: a period `P` with `tokens[i] == tokens[i + P]` over a run
-  covering at least two periods.  The period covering the most equations wins (the smallest
+  depend on where the layer sits, nor on how far back a value read by every layer was made);
+  equations that depend on no input (masks, position tables) are left out, so layers alike but
+  for a constant still repeat.  A layer stack is a tandem repeat of the token sequence: a
+  period `P` with `tokens[i] == tokens[i + P]` over a run covering at least two periods.  The period covering the most equations wins (the smallest
   such period, so two layers are not taken for one); the search repeats on what is left, so a
   model with two stacks (encoder and decoder, a U-Net's stages of different widths) gets both.
 * **Where a layer starts.**  Within the period, at the cut crossed by the fewest bytes of
@@ -100,12 +101,8 @@ def positions_and_last_uses(g: Graph) -> tuple[dict[str, int], dict[str, int]]:
 def find_layers(g: Graph, *, min_heavy: int = 1) -> tuple[Layer, ...]:
     """The layers of `g`'s top-level equations, in order (see the module docstring)."""
     ops = list(g.ops.values())
-    tokens = _tokens(g, ops)
-    heavy = np.array([is_heavy(op) for op in ops])
-    cross = crossing_bytes(g)
-    order = [(c, lvl) for c, lvl in zip(cross, cut_levels(g))]  # which cut is the better start
-    spans: list[tuple[int, int]] = []
-    _find_runs(g, ops, tokens, heavy, order, 0, len(ops), spans, min_heavy)
+    order = [(c, lvl) for c, lvl in zip(crossing_bytes(g), cut_levels(g))]  # which cut is the better start
+    spans = _repeats(g, ops, order, min_heavy)
     for i, op in enumerate(ops):
         if op.primitive == "scan" and not any(a <= i < b for a, b in spans):
             spans.append((i, i + 1))
@@ -114,6 +111,40 @@ def find_layers(g: Graph, *, min_heavy: int = 1) -> tuple[Layer, ...]:
         matmuls = np.array([_matmuls(op) for op in ops])
         spans = sorted(spans + _one_off_layers(g, matmuls, order, _gaps(spans, len(ops))))
     return tuple(Layer(a, b, _layer_hash(g, ops, a, b)) for a, b in spans)
+
+
+def _repeats(g: Graph, ops: list[OpInfo], order: list, min_heavy: int) -> list[tuple[int, int]]:
+    """The repeated layers' spans, found on the equations that depend on the function's inputs:
+    the constant ones (masks and position tables from `iota`s and literals) are left out of the
+    search and go with the equations after them.  Layers alike but for a constant (a decoder
+    alternating local and global attention, whose local layers' mask adds a few comparisons)
+    then repeat layer by layer, not only in pairs (6 layers of two found in such a 12-layer
+    decoder, where a person wraps each of the 12; at the 12 layers' hand-written
+    `dots_with_no_batch_dims_saveable` peak autoremat recomputed more than that policy:
+    benchmarks/unseen.py); their keys still tell the two kinds apart."""
+    const = _constant(g, ops)
+    keep = [i for i in range(len(ops)) if not const[i]]
+    if not keep:
+        return []
+    kept = [ops[i] for i in keep]
+    cut = [0] + [i + 1 for i in keep]  # where cut c of the kept equations falls among all of them
+    found: list[tuple[int, int]] = []
+    _find_runs(g, kept, _tokens(g, kept), np.array([is_heavy(op) for op in kept]), [order[c] for c in cut],
+               0, len(kept), found, min_heavy)
+    return [(cut[a], cut[b]) for a, b in found]
+
+
+def _constant(g: Graph, ops: list[OpInfo]) -> list[bool]:
+    """Per equation: whether it depends on no input of the function (only on literals and
+    other such equations: an `iota`, a mask made from them)."""
+    made: set[str] = set()
+    out = []
+    for op in ops:
+        c = all(g.values[v].producer is not None and v in made for v in op.inputs)
+        if c:
+            made.update(op.outputs)
+        out.append(c)
+    return out
 
 
 def _gaps(spans: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
@@ -218,8 +249,8 @@ def _tokens(g: Graph, ops: list[OpInfo]) -> np.ndarray:
         ins = []
         for v in op.inputs:
             p = g.values[v].producer
-            if p not in pos:
-                ins.append(f"in:{g.values[v].type_str}")
+            if p not in pos:  # an argument of the function, or a constant (`_repeats`)
+                ins.append(f"{'in' if p is None else 'const'}:{g.values[v].type_str}")
             else:
                 ins.append(f"shared:{g.values[v].type_str}" if readers[v] > 1 else f"-{i - pos[p]}")
         outs = ",".join(g.values[v].type_str for v in op.outputs)
