@@ -1,0 +1,280 @@
+"""Models of families none of autoremat's other benchmarks has, for `benchmarks/unseen.py`:
+written after the planner, to find where its promise breaks on models it never saw.  Plain JAX
+unless named; bf16, abstract parameters (`jax.ShapeDtypeStruct`), a few GiB each.
+
+Each builder takes (policies, prevent_cse): per layer a JAX policy name or None, written by hand
+around that layer (`jax.checkpoint`; flax nnx's `nnx.remat`), and returns (loss, abstract args,
+description, layers), as `_thirdparty.py`'s do.
+
+* `moe`: a decoder whose MLP is a mixture of 8 experts, tokens dispatched densely with capacity
+  (einsums), so the experts' matmuls have a batch dimension (`dots_with_no_batch_dims_saveable`
+  recomputes them).
+* `unet`: a convolutional U-Net, 4 levels of 64..512 channels, skip connections from each down
+  block to its up block (no two blocks alike).
+* `encdec`: an encoder-decoder, 6 + 6 layers, each decoder layer attending to the encoder's
+  output (made once, read by every decoder layer).
+* `vit_nnx`: a ViT-L/16-like encoder in flax nnx (`nnx.MultiHeadAttention`, `nnx.remat`).
+* `alternating`: a decoder whose layers alternate local (sliding-window) and global causal
+  attention, as Gemma 2's do: alike but for the mask.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+bf = jnp.bfloat16
+sd = jax.ShapeDtypeStruct
+
+
+def _pol(p):
+    return None if p is None else getattr(jax.checkpoint_policies, p)
+
+
+def _wrap(fn, pol, cse=True):
+    return fn if pol is None else jax.checkpoint(fn, policy=_pol(pol), prevent_cse=cse)
+
+
+def _ln(x):
+    x32 = x.astype(jnp.float32)
+    mu = x32.mean(-1, keepdims=True)
+    return ((x32 - mu) * jax.lax.rsqrt(((x32 - mu) ** 2).mean(-1, keepdims=True) + 1e-5)).astype(bf)
+
+
+def _attn(x, kv, p, H, causal):
+    B, S, D = x.shape
+    T = kv.shape[1]
+    q = (x @ p["wq"]).reshape(B, S, H, D // H)
+    k = (kv @ p["wk"]).reshape(B, T, H, D // H)
+    v = (kv @ p["wv"]).reshape(B, T, H, D // H)
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.asarray(D // H, bf))
+    if causal:
+        s = jnp.where(jnp.tril(jnp.ones((S, T), bool)), s, jnp.asarray(-1e4, bf))
+    o = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s.astype(jnp.float32), -1).astype(bf), v)
+    return o.reshape(B, S, D) @ p["wo"]
+
+
+def _xent(logits, tokens):
+    logits = logits.astype(jnp.float32)
+    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[..., None], -1))
+
+
+# -- MoE decoder: dense dispatch with capacity, the experts as one batched einsum ---------------
+MOE = dict(L=8, D=1024, H=8, E=8, C=512, F=2816, V=32000, S=1024, B=8)
+
+
+def moe(policies=None, prevent_cse=True):
+    d = MOE
+    D, E, C, F = d["D"], d["E"], d["C"], d["F"]
+    attn = {k: sd((D, D), bf) for k in ("wq", "wk", "wv", "wo")}
+    layer = dict(attn, router=sd((D, E), bf), w1=sd((E, D, F), bf), w2=sd((E, F, D), bf))
+    params = {"embed": sd((d["V"], D), bf), "layers": [dict(layer) for _ in range(d["L"])],
+              "head": sd((D, d["V"]), bf)}
+    pols = list(policies) if policies is not None else [None] * d["L"]
+
+    def block(h, p):
+        h = h + _attn(_ln(h), _ln(h), p, d["H"], True)
+        x = _ln(h)
+        B, S, _ = x.shape
+        gates = jax.nn.softmax((x @ p["router"]).astype(jnp.float32), -1).astype(bf)  # [B,S,E]
+        # dense dispatch: each expert takes C slots per sequence, weighted by its gate (the shapes and
+        # matmuls of a capacity-based MoE layer; no routing decisions, which do not change them)
+        disp = jax.nn.one_hot(jnp.arange(S) % C, C, dtype=bf)[None, :, None, :] * gates[..., None]  # [B,S,E,C]
+        xe = jnp.einsum("bsd,bsec->becd", x, disp)
+        he = jax.nn.gelu(jnp.einsum("becd,edf->becf", xe, p["w1"]))
+        ye = jnp.einsum("becf,efd->becd", he, p["w2"])
+        return h + jnp.einsum("becd,bsec->bsd", ye, disp)
+
+    def loss(params, tokens):
+        h = params["embed"][tokens]
+        for p, pol in zip(params["layers"], pols):
+            h = _wrap(block, pol, prevent_cse)(h, p)
+        return _xent(_ln(h) @ params["head"], tokens)
+
+    desc = "MoE decoder: 8 layers, 8 experts (capacity 512), d_model 1024, d_ff 2816, seq 1024, batch 8, bf16"
+    return loss, (params, sd((d["B"], d["S"]), jnp.int32)), desc, d["L"]
+
+
+# -- U-Net: conv blocks with long skip connections ------------------------------------------------
+UNET = dict(ch=(64, 128, 256, 512), image=256, batch=16)
+
+
+def _conv(x, w):
+    return jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+def unet(policies=None, prevent_cse=True):
+    d = UNET
+    ch, n, cin, blocks = d["ch"], len(d["ch"]), 3, []
+    for c in ch:  # down
+        blocks.append({"w1": sd((3, 3, cin, c), bf), "w2": sd((3, 3, c, c), bf)})
+        cin = c
+    blocks.append({"w1": sd((3, 3, cin, 2 * cin), bf), "w2": sd((3, 3, 2 * cin, 2 * cin), bf)})
+    cin = 2 * cin
+    for c in reversed(ch):  # up: upsample cin -> c channels, concat the skip (c), two convs back to c
+        blocks.append({"up": sd((1, 1, cin, c), bf), "w1": sd((3, 3, 2 * c, c), bf), "w2": sd((3, 3, c, c), bf)})
+        cin = c
+    params = {"blocks": blocks, "out": sd((1, 1, cin, 3), bf)}
+    L = len(blocks)
+    pols = list(policies) if policies is not None else [None] * L
+
+    def conv_block(x, p):
+        x = jax.nn.relu(_conv(x, p["w1"]))
+        return jax.nn.relu(_conv(x, p["w2"]))
+
+    def up_block(x, skip, p):
+        x = jnp.repeat(jnp.repeat(x, 2, 1), 2, 2)
+        x = _conv(x, p["up"])
+        return conv_block(jnp.concatenate([x, skip], -1), p)
+
+    def loss(params, img):
+        x, skips = img, []
+        bl = params["blocks"]
+        for i in range(n):
+            x = _wrap(conv_block, pols[i], prevent_cse)(x, bl[i])
+            skips.append(x)
+            x = x.reshape(x.shape[0], x.shape[1] // 2, 2, x.shape[2] // 2, 2, x.shape[3]).max((2, 4))
+        x = _wrap(conv_block, pols[n], prevent_cse)(x, bl[n])
+        for j in range(n):
+            x = _wrap(up_block, pols[n + 1 + j], prevent_cse)(x, skips[n - 1 - j], bl[n + 1 + j])
+        y = _conv(x, params["out"]).astype(jnp.float32)
+        return jnp.mean((y - img.astype(jnp.float32)) ** 2)
+
+    img = sd((d["batch"], d["image"], d["image"], 3), bf)
+    return loss, (params, img), "U-Net: 4 levels of 64..512 channels, 9 blocks, 256 x 256, batch 16, bf16", L
+
+
+# -- encoder-decoder with cross attention --------------------------------------------------------
+ED = dict(L=6, D=1536, H=12, F=6144, V=32000, S=1024, B=8)
+
+
+def encdec(policies=None, prevent_cse=True):
+    d = ED
+    D, F = d["D"], d["F"]
+    att = {k: sd((D, D), bf) for k in ("wq", "wk", "wv", "wo")}
+    enc = {"att": att, "w1": sd((D, F), bf), "w2": sd((F, D), bf)}
+    dec = {"att": att, "x": att, "w1": sd((D, F), bf), "w2": sd((F, D), bf)}
+    params = {"embed": sd((d["V"], D), bf), "enc": [dict(enc) for _ in range(d["L"])],
+              "dec": [dict(dec) for _ in range(d["L"])], "head": sd((D, d["V"]), bf)}
+    L = 2 * d["L"]
+    pols = list(policies) if policies is not None else [None] * L
+
+    def mlp(h, p):
+        return h + jax.nn.gelu(_ln(h) @ p["w1"]) @ p["w2"]
+
+    def enc_layer(h, p):
+        h = h + _attn(_ln(h), _ln(h), p["att"], d["H"], False)
+        return mlp(h, p)
+
+    def dec_layer(h, m, p):
+        h = h + _attn(_ln(h), _ln(h), p["att"], d["H"], True)
+        h = h + _attn(_ln(h), m, p["x"], d["H"], False)
+        return mlp(h, p)
+
+    def loss(params, src, tgt):
+        m = params["embed"][src]
+        for i, p in enumerate(params["enc"]):
+            m = _wrap(enc_layer, pols[i], prevent_cse)(m, p)
+        m = _ln(m)
+        h = params["embed"][tgt]
+        for i, p in enumerate(params["dec"]):
+            h = _wrap(dec_layer, pols[d["L"] + i], prevent_cse)(h, m, p)
+        return _xent(_ln(h) @ params["head"], tgt)
+
+    tok = sd((d["B"], d["S"]), jnp.int32)
+    desc = "encoder-decoder: 6 + 6 layers, d_model 1536, d_ff 6144, seq 1024, batch 8, bf16"
+    return loss, (params, tok, tok), desc, L
+
+
+# -- ViT in flax nnx, unrolled, nnx.remat per block ----------------------------------------------
+VIT = dict(L=12, D=1024, H=16, F=4096, P=16, image=224, batch=64, classes=1000)
+
+
+def vit_nnx(policies=None, prevent_cse=True):
+    from flax import nnx
+
+    d = VIT
+
+    class Block(nnx.Module):
+        def __init__(self, rngs):
+            self.ln1 = nnx.LayerNorm(d["D"], dtype=bf, param_dtype=bf, rngs=rngs)
+            self.attn = nnx.MultiHeadAttention(d["H"], d["D"], dtype=bf, param_dtype=bf, decode=False,
+                                               rngs=rngs)
+            self.ln2 = nnx.LayerNorm(d["D"], dtype=bf, param_dtype=bf, rngs=rngs)
+            self.fc1 = nnx.Linear(d["D"], d["F"], dtype=bf, param_dtype=bf, rngs=rngs)
+            self.fc2 = nnx.Linear(d["F"], d["D"], dtype=bf, param_dtype=bf, rngs=rngs)
+
+        def __call__(self, x):
+            x = x + self.attn(self.ln1(x))
+            return x + self.fc2(nnx.gelu(self.fc1(self.ln2(x))))
+
+    class ViT(nnx.Module):
+        def __init__(self, rngs):
+            self.patch = nnx.Conv(3, d["D"], (d["P"], d["P"]), strides=(d["P"], d["P"]), dtype=bf, param_dtype=bf,
+                                  rngs=rngs)
+            blocks = [Block(rngs) for _ in range(d["L"])]
+            self.blocks = nnx.List(blocks) if hasattr(nnx, "List") else blocks
+            self.ln = nnx.LayerNorm(d["D"], dtype=bf, param_dtype=bf, rngs=rngs)
+            self.head = nnx.Linear(d["D"], d["classes"], dtype=bf, param_dtype=bf, rngs=rngs)
+
+    gdef, params = nnx.split(nnx.eval_shape(lambda: ViT(nnx.Rngs(0))))
+    pols = list(policies) if policies is not None else [None] * d["L"]
+
+    def loss(params, img, labels):
+        m = nnx.merge(gdef, params)
+        x = m.patch(img)
+        x = x.reshape(x.shape[0], -1, d["D"])
+        for blk, pol in zip(m.blocks, pols):
+            if pol is None:
+                x = blk(x)
+            else:
+                x = nnx.remat(lambda b, x: b(x), policy=_pol(pol), prevent_cse=prevent_cse)(blk, x)
+        logits = m.head(m.ln(x).mean(1)).astype(jnp.float32)
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], -1))
+
+    img = sd((d["batch"], d["image"], d["image"], 3), bf)
+    desc = "ViT (flax nnx): 12 blocks, d_model 1024, d_ff 4096, 16 x 16 patches of 224 x 224, batch 64, bf16"
+    return loss, (params, img, sd((d["batch"],), jnp.int32)), desc, d["L"]
+
+
+# -- a decoder alternating local and global attention (Gemma 2's way): layers differ in a mask ---
+ALT = dict(L=12, D=2048, H=16, F=8192, V=32000, S=2048, B=4, W=256)
+
+
+def alternating(policies=None, prevent_cse=True):
+    d = ALT
+    D, F = d["D"], d["F"]
+    layer = {k: sd((D, D), bf) for k in ("wq", "wk", "wv", "wo")}
+    layer.update(w1=sd((D, F), bf), w2=sd((F, D), bf))
+    params = {"embed": sd((d["V"], D), bf), "layers": [dict(layer) for _ in range(d["L"])],
+              "head": sd((D, d["V"]), bf)}
+    pols = list(policies) if policies is not None else [None] * d["L"]
+
+    def block(h, p, local):
+        B, S, _ = h.shape
+        H = d["H"]
+        x = _ln(h)
+        q = (x @ p["wq"]).reshape(B, S, H, D // H)
+        k = (x @ p["wk"]).reshape(B, S, H, D // H)
+        v = (x @ p["wv"]).reshape(B, S, H, D // H)
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.asarray(D // H, bf))
+        i = jnp.arange(S)
+        mask = i[:, None] >= i[None, :]
+        if local:
+            mask = mask & (i[:, None] - i[None, :] < d["W"])
+        s = jnp.where(mask, s, jnp.asarray(-1e4, bf))
+        o = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s.astype(jnp.float32), -1).astype(bf), v)
+        h = h + o.reshape(B, S, D) @ p["wo"]
+        return h + jax.nn.gelu(_ln(h) @ p["w1"]) @ p["w2"]
+
+    def loss(params, tokens):
+        h = params["embed"][tokens]
+        for i, (p, pol) in enumerate(zip(params["layers"], pols)):
+            h = _wrap(lambda h, p, local=(i % 2 == 0): block(h, p, local), pol, prevent_cse)(h, p)
+        return _xent(_ln(h) @ params["head"], tokens)
+
+    desc = ("decoder alternating local (256-token window) and global attention: 12 layers, d_model 2048, "
+            "d_ff 8192, seq 2048, batch 4, bf16")
+    return loss, (params, sd((d["B"], d["S"]), jnp.int32)), desc, d["L"]
+
+
+BUILDERS = {"moe": moe, "unet": unet, "encdec": encdec, "vit_nnx": vit_nnx, "alternating": alternating}

@@ -1,0 +1,57 @@
+"""Models autoremat never saw while it was written: does the promise hold on them?  (issue 14)
+
+The real-scale suite's tables (`realscale.py`: no remat, each JAX policy written by hand around
+every layer, the half-and-half mixes of neighbouring policies, then `autoremat`'s planner at
+each of those compiled peaks) for model families the other benchmarks lack (`_unseen.py`): a
+mixture-of-experts decoder, a U-Net with skip connections, an encoder-decoder with cross
+attention, a ViT in flax nnx and a decoder alternating local and global attention; compile-only, a few GiB each.  Each model's table says how
+many layers `graph.find_layers` found against the number the model's author wrote.
+
+    .venv/bin/python benchmarks/unseen.py                 # all four (~15 min on 2 cores)
+    .venv/bin/python benchmarks/unseen.py --models encdec
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import realscale  # noqa: E402  (sets XLA:CPU's flags before JAX starts)
+from _common import models_run, write_results  # noqa: E402
+from _unseen import BUILDERS  # noqa: E402
+
+from autoremat.graph._graph import graph_from_traced  # noqa: E402
+from autoremat.graph._layers import find_layers  # noqa: E402
+from autoremat.graph._trace import trace  # noqa: E402
+
+
+def layers_found(name: str) -> str:
+    fn, args, _, written = BUILDERS[name]()
+    traced = trace(fn, args, {}, argnums=(0,), static_argnums=(), has_aux=False, skip_integer_leaves=False)
+    found = find_layers(graph_from_traced(traced))
+    return (f"Layers: {written} written, {len(found)} found by `graph.find_layers` "
+            f"({len({la.key for la in found})} distinct).")
+
+
+def main(argv=None) -> int:
+    a, say, t0 = models_run(__doc__.split("\n")[0], BUILDERS, "unseen.md", argv)
+    realscale.BUILDERS.update(BUILDERS)
+    body: list[str] = []
+    about = ("Columns as in realscale.md: compiled peak = argument + output + temp - alias of the compiled "
+             "`value_and_grad` step; +TFLOP = the step's jaxpr FLOPs over no remat; 'vs hand': whether autoremat "
+             "at that hand-written plan's compiled peak fits and recomputes no more matmul FLOPs; 'compiles': the "
+             "whole-step compiles the planner made for that budget; 'expected': the peak the search expected "
+             "before compiling its plan.")
+    for name in a.models:
+        lines: list[str] = []
+        realscale.run_model(name, say, lines)
+        lines.insert(3, layers_found(name) + "\n")
+        body += lines
+        write_results(a, say, t0, "unseen.py", BUILDERS, "Models autoremat never saw (issue 14)", about, body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
