@@ -1,14 +1,14 @@
-"""CP-SAT against the greedy on one large region: the per-layer saved sets of a layer of 756
+"""CP-SAT against the greedy on one large region: the per-layer saved sets of a layer of 762
 values (`_layer_options.ilp_options` solves each distinct layer at 9 caps).
 
 An encoder-decoder's 6 decoder layers (`_unseen.encdec`) were once found as one layer
 (docs/FINDINGS.md); the region solver took the greedy for it, as for every region of more than
-400 values then, and planning spent minutes there.  This times, on the decoder stack as one
+400 values then, at each of the nine caps.  This times, on the decoder stack as one
 region, CP-SAT at each of `DEFAULT_CAPS` (with the planner's 2 s time limit) and the greedy at
 one cap (in a child process, stopped after `--greedy-limit` seconds), and lists the most values
 a layer of each benchmark model has (`graph.find_layers`).
 
-    .venv/bin/python benchmarks/region_solvers.py    # -> benchmarks/results/region_solvers.md (~4 min)
+    .venv/bin/python benchmarks/region_solvers.py    # -> benchmarks/results/region_solvers.md (~1 min)
 """
 
 from __future__ import annotations

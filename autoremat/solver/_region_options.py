@@ -95,8 +95,9 @@ def _solve_block_options(g, ops, produced, residuals, caps, method, time_limit):
         if problem is not None:
             cap = int(c * res_bytes)
             # CP-SAT at every size: its time limit bounds it, where the greedy's closures grow
-            # with the values squared (benchmarks/region_solvers.py: 756 values, CP-SAT within
-            # 2.03 s at each cap; the greedy, used above 400 values before, ran for minutes)
+            # with the values squared (benchmarks/region_solvers.py, a 762-value region: CP-SAT
+            # 0.02-2.01 s a cap; the greedy, used above 400 values before, 18.5 s at the 10% cap,
+            # and a layer's options take nine caps)
             if method == "cpsat":
                 sol = _region.solve_region_cpsat(problem, cap, time_limit=time_limit)
                 if sol.status not in ("optimal", "feasible"):
