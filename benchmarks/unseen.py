@@ -14,9 +14,23 @@ many layers `graph.find_layers` found against the number the model's author wrot
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+def _root(argv: list) -> str | None:
+    """`--root DIR` taken out of `argv`: the checkout whose autoremat plans (put first on the path
+    before anything imports it)."""
+    if "--root" not in argv:
+        return None
+    i = argv.index("--root")
+    root = argv[i + 1]
+    del argv[i:i + 2]
+    return os.path.abspath(root)
+
+
+ROOT = _root(sys.argv)
+sys.path[:0] = ([ROOT] if ROOT else []) + [os.path.dirname(os.path.abspath(__file__))]
 
 import realscale  # noqa: E402  (sets XLA:CPU's flags before JAX starts)
 from _common import models_run, write_results  # noqa: E402
@@ -37,19 +51,25 @@ def layers_found(name: str) -> str:
 
 def main(argv=None) -> int:
     a, say, t0 = models_run(__doc__.split("\n")[0], BUILDERS, "unseen.md", argv)
+    script = "unseen.py"
+    if ROOT:
+        commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True).stdout.strip()
+        script += f" --root {ROOT}"
+        say(f"planning with the autoremat of {ROOT} ({commit})")
     realscale.BUILDERS.update(BUILDERS)
     body: list[str] = []
     about = ("Columns as in realscale.md: compiled peak = argument + output + temp - alias of the compiled "
              "`value_and_grad` step; +TFLOP = the step's jaxpr FLOPs over no remat; 'vs hand': whether autoremat "
              "at that hand-written plan's compiled peak fits and recomputes no more matmul FLOPs; 'compiles': the "
              "whole-step compiles the planner made for that budget; 'expected': the peak the search expected "
-             "before compiling its plan.")
+             "before compiling its plan." + (f" The planner: the checkout at {ROOT} ({commit})." if ROOT else ""))
     for name in a.models:
         lines: list[str] = []
         realscale.run_model(name, say, lines)
         lines.insert(3, layers_found(name) + "\n")
         body += lines
-        write_results(a, say, t0, "unseen.py", BUILDERS, "Models autoremat never saw (issue 14)", about, body)
+        write_results(a, say, t0, script, BUILDERS, "Models autoremat never saw (issue 14)", about, body)
     return 0
 
 

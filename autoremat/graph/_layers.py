@@ -9,16 +9,18 @@ measurements (`runtime/_measure.py`) need to know where the layers are and which
   depend on where the layer sits, nor on how far back a value read by every layer was made);
   equations that depend on no input (masks, position tables) are left out, so layers alike but
   for a constant still repeat.  A layer stack is a tandem repeat of the token sequence: a
-  period `P` with `tokens[i] == tokens[i + P]` over a run covering at least two periods.  The period covering the most equations wins (the smallest
-  such period, so two layers are not taken for one); the search repeats on what is left, so a
-  model with two stacks (encoder and decoder, a U-Net's stages of different widths) gets both.
+  period `P` with `tokens[i] == tokens[i + P]` over a run covering at least two periods.  The
+  period covering the most equations wins (the smallest such period, so two layers are not
+  taken for one); the search repeats on what is left, so a model with two stacks (an encoder
+  and a decoder) gets both.
 * **Where a layer starts.**  Within the period, at the cut crossed by the fewest bytes of
   intermediate values: the residual stream between layers (`crossing_bytes`).  Where several
   cuts are crossed by equally few (a block's residual add and the activation after it), at the
   one where the user's modules change (JAX's name stack, `cut_levels`); then the earliest.
 * **Layers that do not repeat.**  Between the stacks, the pieces cut on the residual stream that
   hold two or more matmuls or convs (a ResNet stage's first block, with its projection
-  shortcut); a lone matmul (stem, head) is left outside.
+  shortcut); a lone matmul (stem, head) is left outside.  A model where nothing repeats (a
+  U-Net whose blocks all differ in width) gets no layers: its plans are the chain solver's.
 * **Which layers are the same.**  The layers' dataflow subgraphs are hashed with networkx's
   Weisfeiler-Lehman graph hash (node labels: primitive and types; inputs from outside the
   layer: their types and whether they are the function's inputs): equal hashes share one
