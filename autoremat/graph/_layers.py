@@ -33,6 +33,7 @@ own: the scan's body is the layer and its trip count the stack's depth.
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 from dataclasses import dataclass
 
 import networkx as nx
@@ -241,10 +242,7 @@ def _tokens(g: Graph, ops: list[OpInfo]) -> np.ndarray:
     within a layer by several equations (a norm's output read by the q, k and v projections)
     repeat either way."""
     pos = {op.id: i for i, op in enumerate(ops)}
-    readers: dict[str, int] = {}
-    for op in ops:
-        for v in set(op.inputs):
-            readers[v] = readers.get(v, 0) + 1
+    readers = Counter(v for op in ops for v in set(op.inputs))
     table: dict[str, int] = {}
     out = np.empty(len(ops), dtype=np.int64)
     for i, op in enumerate(ops):
