@@ -17,21 +17,20 @@ description, layers), as `_thirdparty.py`'s do.
 * `alternating`: a decoder whose layers alternate local (sliding-window) and global causal
   attention, as Gemma 2's do: alike but for the mask.
 """
+
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
+from _thirdparty import _policy, _xent  # the same loss and policy lookup as the third-party models
+
 bf = jnp.bfloat16
 sd = jax.ShapeDtypeStruct
 
 
-def _pol(p):
-    return None if p is None else getattr(jax.checkpoint_policies, p)
-
-
 def _wrap(fn, pol, cse=True):
-    return fn if pol is None else jax.checkpoint(fn, policy=_pol(pol), prevent_cse=cse)
+    return fn if pol is None else jax.checkpoint(fn, policy=_policy(pol), prevent_cse=cse)
 
 
 def _ln(x):
@@ -51,11 +50,6 @@ def _attn(x, kv, p, H, causal):
         s = jnp.where(jnp.tril(jnp.ones((S, T), bool)), s, jnp.asarray(-1e4, bf))
     o = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s.astype(jnp.float32), -1).astype(bf), v)
     return o.reshape(B, S, D) @ p["wo"]
-
-
-def _xent(logits, tokens):
-    logits = logits.astype(jnp.float32)
-    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[..., None], -1))
 
 
 # -- MoE decoder: dense dispatch with capacity, the experts as one batched einsum ---------------
@@ -227,7 +221,7 @@ def vit_nnx(policies=None, prevent_cse=True):
             if pol is None:
                 x = blk(x)
             else:
-                x = nnx.remat(lambda b, x: b(x), policy=_pol(pol), prevent_cse=prevent_cse)(blk, x)
+                x = nnx.remat(lambda b, x: b(x), policy=_policy(pol), prevent_cse=prevent_cse)(blk, x)
         logits = m.head(m.ln(x).mean(1)).astype(jnp.float32)
         return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], -1))
 
