@@ -17,8 +17,8 @@ def git_state(root: str | None = None) -> str:
         dirty = subprocess.run(["git", "status", "--porcelain", "autoremat"], cwd=root, capture_output=True,
                                text=True, check=True).stdout.strip()
         return head + ("+dirty" if dirty else "")
-    except Exception:  # noqa: BLE001 - not a git checkout
-        return "unknown"
+    except Exception:  # noqa: BLE001 - not a git checkout (a copy of the tree on a device machine)
+        return os.environ.get("AUTOREMAT_COMMIT", "unknown")
 
 
 def provenance(command: str, minutes: float) -> str:

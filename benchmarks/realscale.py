@@ -28,6 +28,7 @@ compares: the equations around them change with how a step was staged) and in al
 
     .venv/bin/python benchmarks/realscale.py                  # all models (~21 min on 2 cores)
     .venv/bin/python benchmarks/realscale.py --models llama   # one model
+    python benchmarks/realscale.py --models llama --batch-scale 3 --out ...  # batch x3 (on a GPU: fill it)
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ import jax.numpy as jnp  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import expected_cell, provenance  # noqa: E402
-from _thirdparty import BUILDERS  # noqa: E402
+from _thirdparty import BUILDERS, DEC, RESNET  # noqa: E402
 
 from autoremat._errors import InfeasibleBudgetError  # noqa: E402
 from autoremat._optimize import plan_for  # noqa: E402
@@ -116,6 +117,16 @@ FAMILIES = {
                           "bo": (D,), "ln2_w": (D,), "ln2_b": (D,), "w1": (D, F), "b1": (F,), "w2": (F, D),
                           "b2": (D,)}),
 }
+
+
+def scale_batches(k: int) -> None:
+    """Every model's batch times `k` (the decoders' and ResNet's; compile time barely changes): the
+    suite at sizes that fill a larger device, whose hand-written policies fit it and whose no-remat
+    step does not."""
+    for name, f in FAMILIES.items():
+        FAMILIES[name] = f[:7] + (f[7] * k,) + f[8:]
+    DEC["B"] *= k
+    RESNET["batch"] *= k
 
 
 def make_model(name: str, policies=None, prevent_cse: bool = True, n_layers: int | None = None):
@@ -247,9 +258,13 @@ def main(argv=None) -> int:
     ap.add_argument("--models", nargs="+", default=["llama", "llama_scan", "gpt", "gpt_scan", *BUILDERS])
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                   "realscale.md"))
+    ap.add_argument("--batch-scale", type=int, default=1, help="every model's batch times this (default 1)")
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
     models = "" if a.models == ap.get_default("models") else " --models " + " ".join(a.models)
+    if a.batch_scale != 1:
+        scale_batches(a.batch_scale)
+        models += f" --batch-scale {a.batch_scale}"
     body: list[str] = []
 
     def say(m):  # progress, and the results so far (a run stopped early keeps its rows)
