@@ -58,6 +58,7 @@ GiB = 2**30
 POLICIES = ("nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_saveable")
 bf = jnp.bfloat16
 sd = jax.ShapeDtypeStruct
+PLANNER_LOG = lambda m: None  # noqa: E731  (--planner-log: the planner's progress to stderr)
 
 
 def rms(x, w):
@@ -204,7 +205,7 @@ def autoremat_row(name: str, budget: int, none: tuple, say):
     fn, args, _, _ = make_model(name)
     t0 = time.perf_counter()
     try:
-        planned = plan_for(fn, budget, args, progress=lambda m: None)
+        planned = plan_for(fn, budget, args, progress=PLANNER_LOG)
     except InfeasibleBudgetError as e:
         return {"status": "infeasible", "lowest": e.lowest, "time": time.perf_counter() - t0}
     dt = time.perf_counter() - t0
@@ -259,9 +260,13 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                   "realscale.md"))
     ap.add_argument("--batch-scale", type=int, default=1, help="every model's batch times this (default 1)")
+    ap.add_argument("--planner-log", action="store_true", help="the planner's progress on stderr")
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
     models = "" if a.models == ap.get_default("models") else " --models " + " ".join(a.models)
+    if a.planner_log:
+        global PLANNER_LOG
+        PLANNER_LOG = lambda m: print(f"    planner: {m}", file=sys.stderr, flush=True)  # noqa: E731
     if a.batch_scale != 1:
         scale_batches(a.batch_scale)
         models += f" --batch-scale {a.batch_scale}"
