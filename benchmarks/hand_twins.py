@@ -9,14 +9,19 @@ higher) from compile-to-compile variation (the same program compiled twice diffe
 autotuning picks kernels by timing them):
 
     .venv/bin/python benchmarks/hand_twins.py --model llama
+    .venv/bin/python benchmarks/hand_twins.py --model resnet_flax --lowered   # and where the two programs differ
 
-Writes nothing.
+`--lowered` also compares the two StableHLO programs JAX hands XLA (`jit(...).lower`, names and
+source locations left out) and prints the lines that differ: a difference there is structural,
+one that appears only after compiling is XLA's.  Writes nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
+import re
 import sys
 
 import autoremat
@@ -25,6 +30,8 @@ autoremat.configure_cpu_flags()
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import realscale  # noqa: E402
+
+import jax  # noqa: E402
 
 from autoremat.graph._graph import graph_from_traced  # noqa: E402
 from autoremat.graph._layers import find_layers  # noqa: E402
@@ -42,10 +49,26 @@ def line(label: str, st) -> str:
             f"args {st.argument_bytes / GiB:6.3f}  xla peak {(st.xla_peak_bytes or 0) / GiB:7.3f}  TFLOP {st.matmul_flops / 1e12:8.3f}")
 
 
+def lowered(fn, args) -> list[str]:
+    """The StableHLO text of `value_and_grad(fn)`, without SSA names, function names and locations."""
+    text = jax.jit(jax.value_and_grad(fn)).lower(*args).as_text()
+    text = re.sub(r"loc\([^)]*\)", "", text)
+    text = re.sub(r"@[A-Za-z0-9_.]+", "@f", re.sub(r"%[A-Za-z0-9_#]+", "%v", text))
+    return [ln.rstrip() for ln in text.splitlines() if not ln.startswith("#loc")]
+
+
+def differences(a: list[str], b: list[str]) -> str:
+    """How many lines differ, and the first few of them."""
+    diff = [d for d in difflib.unified_diff(a, b, lineterm="", n=0) if d[:1] in "+-" and d[:3] not in ("+++", "---")]
+    head = "\n".join("    " + d[:160] for d in diff[:6])
+    return f"{len(diff)} lines differ" + (":\n" + head if diff else "")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="llama")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--lowered", action="store_true", help="also compare the lowered programs")
     a = ap.parse_args(argv)
     fn, args, desc, _ = realscale.make_model(a.model)
     g = graph_from_traced(trace(fn, args, {}, skip_integer_leaves=False), profile=detect_profile())
@@ -54,6 +77,9 @@ def main(argv=None) -> int:
     for pol in realscale.POLICIES:
         hand_fn, hand_args, _, L = realscale.make_model(a.model, [pol] * len(layers))
         copy = apply(fn, layer_plan(g, layers, [pol] * len(layers)))
+        if a.lowered:
+            print(f"{pol}, lowered, by hand against autoremat's copy: "
+                  f"{differences(lowered(hand_fn, hand_args), lowered(copy, args))}", flush=True)
         for k in range(a.repeats):
             print(line(f"{pol} by hand, compile {k + 1}", compiled_stats(hand_fn, *hand_args)), flush=True)
             print(line(f"{pol} autoremat's copy, compile {k + 1}", compiled_stats(copy, *args)), flush=True)
