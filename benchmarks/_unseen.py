@@ -84,7 +84,8 @@ def moe(policies=None, prevent_cse=True):
             h = _wrap(block, pol, prevent_cse)(h, p)
         return _xent(_ln(h) @ params["head"], tokens)
 
-    desc = "MoE decoder: 8 layers, 8 experts (capacity 512), d_model 1024, d_ff 2816, seq 1024, batch 8, bf16"
+    desc = (f"MoE decoder: {d['L']} layers, {E} experts (capacity {C}), d_model {D}, d_ff {F}, seq {d['S']}, "
+            f"batch {d['B']}, bf16")
     return loss, (params, sd((d["B"], d["S"]), jnp.int32)), desc, d["L"]
 
 
@@ -134,7 +135,8 @@ def unet(policies=None, prevent_cse=True):
         return jnp.mean((y - img.astype(jnp.float32)) ** 2)
 
     img = sd((d["batch"], d["image"], d["image"], 3), bf)
-    return loss, (params, img), "U-Net: 4 levels of 64..512 channels, 9 blocks, 256 x 256, batch 16, bf16", L
+    return loss, (params, img), (f"U-Net: {n} levels of {ch[0]}..{ch[-1]} channels, {L} blocks, {d['image']} x "
+                                 f"{d['image']}, batch {d['batch']}, bf16"), L
 
 
 # -- encoder-decoder with cross attention --------------------------------------------------------
@@ -175,7 +177,8 @@ def encdec(policies=None, prevent_cse=True):
         return _xent(_ln(h) @ params["head"], tgt)
 
     tok = sd((d["B"], d["S"]), jnp.int32)
-    desc = "encoder-decoder: 6 + 6 layers, d_model 1536, d_ff 6144, seq 1024, batch 8, bf16"
+    desc = (f"encoder-decoder: {d['L']} + {d['L']} layers, d_model {d['D']}, d_ff {d['F']}, seq {d['S']}, "
+            f"batch {d['B']}, bf16")
     return loss, (params, tok, tok), desc, L
 
 
@@ -226,7 +229,8 @@ def vit_nnx(policies=None, prevent_cse=True):
         return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], -1))
 
     img = sd((d["batch"], d["image"], d["image"], 3), bf)
-    desc = "ViT (flax nnx): 12 blocks, d_model 1024, d_ff 4096, 16 x 16 patches of 224 x 224, batch 64, bf16"
+    desc = (f"ViT (flax nnx): {d['L']} blocks, d_model {d['D']}, d_ff {d['F']}, {d['P']} x {d['P']} patches of "
+            f"{d['image']} x {d['image']}, batch {d['batch']}, bf16")
     return loss, (params, img, sd((d["batch"],), jnp.int32)), desc, d["L"]
 
 
@@ -266,9 +270,15 @@ def alternating(policies=None, prevent_cse=True):
             h = _wrap(lambda h, p, local=(i % 2 == 0): block(h, p, local), pol, prevent_cse)(h, p)
         return _xent(_ln(h) @ params["head"], tokens)
 
-    desc = ("decoder alternating local (256-token window) and global attention: 12 layers, d_model 2048, "
-            "d_ff 8192, seq 2048, batch 4, bf16")
+    desc = (f"decoder alternating local ({d['W']}-token window) and global attention: {d['L']} layers, d_model "
+            f"{d['D']}, d_ff {d['F']}, seq {d['S']}, batch {d['B']}, bf16")
     return loss, (params, sd((d["B"], d["S"]), jnp.int32)), desc, d["L"]
+
+
+def scale_batches(k: int) -> None:
+    """Every model's batch times `k` (as `realscale.scale_batches`)."""
+    for d, key in ((MOE, "B"), (UNET, "batch"), (ED, "B"), (VIT, "batch"), (ALT, "B")):
+        d[key] *= k
 
 
 BUILDERS = {"moe": moe, "unet": unet, "encdec": encdec, "vit_nnx": vit_nnx, "alternating": alternating}

@@ -8,6 +8,9 @@ per-device `memory_analysis` of the compiled `value_and_grad` step is the judge)
   32000, seq 2048) at batch 8, unrolled: 1.06B parameters.
 * `llama8b_scan`: Llama-3-8B-like (32 layers, d_model 4096, 32 heads, d_ff 14336, vocab
   128256, seq 4096, batch 8), layers stacked and run by `lax.scan` as MaxText does: 8.84B.
+* `_unseen.py`'s models (`moe`, `unet`, `encdec`, `vit_nnx`, `alternating`; FSDP alone): every
+  weight split along its largest axis that 8 devices split evenly, as generic FSDP code does
+  (`_largest_split`), the inputs by batch.
 
 Layouts (`jax.sharding.Mesh` with Auto axes, as `jax.jit(in_shardings=...)` training code
 uses): `fsdp`: (8,) over "data": the batch and every weight matrix split over it (ZeRO-3);
@@ -23,6 +26,9 @@ step is then compiled again apart from the planner.  Extra FLOPs: the step's jax
 remat (global, all devices together), of the matmuls (what the verdict compares) and in all.
 
     .venv/bin/python benchmarks/sharded.py                               # all (~25 min on 2 cores)
+    .venv/bin/python benchmarks/sharded.py --models moe unet encdec vit_nnx alternating --layouts fsdp \
+        --batch-scale 8 --out benchmarks/results/sharded_unseen.md       # models it never saw, sharded: each
+                                                                         # device holds one device's batch of unseen.md
     .venv/bin/python benchmarks/sharded.py --models llama1b --layouts fsdp
 """
 
@@ -46,6 +52,8 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P  # noqa: E4
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import realscale  # noqa: E402
 from _common import expected_cell, provenance  # noqa: E402
+import _unseen  # noqa: E402
+from _unseen import BUILDERS as UNSEEN  # noqa: E402
 
 from autoremat.runtime._validate import compiled_stats  # noqa: E402
 
@@ -58,6 +66,8 @@ realscale.FAMILIES.update({
 LAYOUTS = {"fsdp": ((8, 1), "8 devices, FSDP"), "fsdp_tp": ((4, 2), "4 x 2 devices, FSDP x TP")}
 COLUMN = {"wq", "wk", "wv", "wg", "wu", "head"}  # split by output column over "model"
 ROW = {"wo", "wd"}  # split by input row over "model"
+GENERIC = set(UNSEEN)  # `_unseen.py`'s models: weights split by `_largest_split`, FSDP only
+realscale.BUILDERS.update(UNSEEN)
 
 
 def _spec(name: str, ndim: int, stacked: bool, tp: bool) -> P:
@@ -72,18 +82,33 @@ def _spec(name: str, ndim: int, stacked: bool, tp: bool) -> P:
     return P(*lead, None, "data")  # the embedding table: split along d_model
 
 
-def sharded(layout: str, params, tokens):
-    """(abstract args with shardings, the shardings as `in_shardings`)."""
+def _largest_split(shape: tuple, n: int) -> P:
+    """Generic FSDP code's spec for one array: its largest axis that `n` devices split evenly over
+    "data" (none for vectors and scalars)."""
+    dims = [i for i, size in enumerate(shape) if size % n == 0]
+    if len(shape) < 2 or not dims:
+        return P()
+    i = max(dims, key=lambda i: shape[i])
+    return P(*("data" if j == i else None for j in range(len(shape))))
+
+
+def sharded(layout: str, params, *inputs, generic: bool = False):
+    """(abstract args with shardings, the shardings as `in_shardings`): the inputs split by batch
+    over "data"; the weights by name (Llama's, `_spec`) or, `generic`, each along its largest
+    evenly split axis (`_largest_split`, "fsdp" alone: a model whose names this file does not know)."""
     shape, _ = LAYOUTS[layout]
     mesh = jax.make_mesh(shape, ("data", "model"), axis_types=(AxisType.Auto,) * 2)
 
     def one(path, x):
+        if generic:
+            return NamedSharding(mesh, _largest_split(x.shape, shape[0]))
         # params["layers"]["wq"]: stacked for a scan; params["layers"][i]["wq"]: one layer's
         stacked = len(path) == 2 and path[0].key == "layers"
         return NamedSharding(mesh, _spec(path[-1].key, x.ndim, stacked, layout == "fsdp_tp"))
 
-    shardings = (jax.tree_util.tree_map_with_path(one, params), NamedSharding(mesh, P("data", None)))
-    args = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), (params, tokens), shardings)
+    batch = [NamedSharding(mesh, P("data", *(None,) * (x.ndim - 1))) for x in inputs]
+    shardings = (jax.tree_util.tree_map_with_path(one, params), *batch)
+    args = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), (params, *inputs), shardings)
     return args, shardings
 
 
@@ -91,7 +116,7 @@ def hand_rows(name: str, layout: str, say):
     rows = []
     for label, pols, cse in realscale.hand_variants(name):
         fn, args, _, _ = realscale.make_model(name, pols, cse)
-        args, _ = sharded(layout, *args)
+        args, _ = sharded(layout, *args, generic=name in GENERIC)
         t0 = time.perf_counter()
         st = compiled_stats(fn, *args)
         say(f"  {label}: {st.peak_bytes / GiB:.2f} GiB per device ({time.perf_counter() - t0:.1f}s)")
@@ -102,7 +127,7 @@ def hand_rows(name: str, layout: str, say):
 def autoremat_row(name: str, layout: str, budget: int, none, say) -> dict:
     """`optimize` inside `jit`: trace the jitted step (planning happens there), then compile it."""
     fn, args, _, _ = realscale.make_model(name)
-    args, shardings = sharded(layout, *args)
+    args, shardings = sharded(layout, *args, generic=name in GENERIC)
     opt = autoremat.optimize(fn, budget=budget, in_shardings=shardings)
     t0 = time.perf_counter()
     try:
@@ -155,8 +180,12 @@ def main(argv=None) -> int:
     ap.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                   "sharded.md"))
+    ap.add_argument("--batch-scale", type=int, default=1, help="every model's batch times this (default 1)")
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
+    if a.batch_scale != 1:
+        realscale.scale_batches(a.batch_scale)
+        _unseen.scale_batches(a.batch_scale)
 
     def say(m):
         print(m, file=sys.stderr, flush=True)
@@ -164,6 +193,9 @@ def main(argv=None) -> int:
     body = []
     for name in a.models:
         for layout in a.layouts:
+            if name in GENERIC and layout != "fsdp":
+                say(f"{name}: {layout} needs its weights' names; FSDP only")
+                continue
             body += run(name, layout, say)
     head = [
         "# Sharded plans on an 8-device mesh, compile-only (issue 16)", "",
