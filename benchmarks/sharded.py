@@ -53,7 +53,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import realscale  # noqa: E402
 from _common import expected_cell, provenance  # noqa: E402
 import _unseen  # noqa: E402
-from _unseen import BUILDERS as UNSEEN  # noqa: E402
 
 from autoremat.runtime._validate import compiled_stats  # noqa: E402
 
@@ -66,8 +65,8 @@ realscale.FAMILIES.update({
 LAYOUTS = {"fsdp": ((8, 1), "8 devices, FSDP"), "fsdp_tp": ((4, 2), "4 x 2 devices, FSDP x TP")}
 COLUMN = {"wq", "wk", "wv", "wg", "wu", "head"}  # split by output column over "model"
 ROW = {"wo", "wd"}  # split by input row over "model"
-GENERIC = set(UNSEEN)  # `_unseen.py`'s models: weights split by `_largest_split`, FSDP only
-realscale.BUILDERS.update(UNSEEN)
+GENERIC = set(_unseen.BUILDERS)  # `_unseen.py`'s models: weights split by `_largest_split`, FSDP only
+realscale.BUILDERS.update(_unseen.BUILDERS)
 
 
 def _spec(name: str, ndim: int, stacked: bool, tp: bool) -> P:
