@@ -120,12 +120,18 @@ FAMILIES = {
 }
 
 
+def scale_family(name: str, k: int) -> None:
+    """`FAMILIES[name]`'s batch times `k`."""
+    f = FAMILIES[name]
+    FAMILIES[name] = f[:7] + (f[7] * k,) + f[8:]
+
+
 def scale_batches(k: int) -> None:
     """Every model's batch times `k` (the decoders' and ResNet's; compile time barely changes): the
     suite at sizes that fill a larger device, whose hand-written policies fit it and whose no-remat
     step does not."""
-    for name, f in FAMILIES.items():
-        FAMILIES[name] = f[:7] + (f[7] * k,) + f[8:]
+    for name in FAMILIES:
+        scale_family(name, k)
     DEC["B"] *= k
     RESNET["batch"] *= k
 

@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     rows = []
     for k in a.scales:
         base = realscale.FAMILIES[a.model]
-        realscale.FAMILIES[a.model] = base[:7] + (base[7] * k,) + base[8:]
+        realscale.scale_family(a.model, k)
         for pol in a.policies:
             st = {on: peak(a.model, None if pol == "none" else pol, on) for on in (True, False)}
             rows.append(f"| {a.model} | {realscale.FAMILIES[a.model][7]} | {pol} | {st[True].peak_bytes / GiB:.2f} | "
