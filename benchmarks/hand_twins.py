@@ -3,13 +3,15 @@
 The plan search keeps its promise by compiling, among its candidates, each JAX policy once per
 layer (`_hand.layer_plan`: one region per `graph.find_layers` layer).  At a hand-written plan's
 compiled peak that copy must fit, so it must compile to the same peak.  This compiles, for one
-realscale.py model in one process, each per-layer policy written by hand and autoremat's copy,
+realscale.py model in one process, each per-layer policy and half-and-half mix
+(`realscale.hand_variants`) written by hand and autoremat's copy,
 each twice, and prints their memory figures (GiB), to tell a structural difference (copy always
 higher) from compile-to-compile variation (the same program compiled twice differs: on XLA:GPU,
 autotuning picks kernels by timing them):
 
     .venv/bin/python benchmarks/hand_twins.py --model llama
     .venv/bin/python benchmarks/hand_twins.py --model resnet_flax --lowered   # and where the two programs differ
+    .venv/bin/python benchmarks/hand_twins.py --model resnet_flax --batch-scale 24 --only mix  # the mixes, batch x24
 
 `--lowered` also compares the two StableHLO programs JAX hands XLA (`jit(...).lower`, names and
 source locations left out) and prints the lines that differ: a difference there is structural,
@@ -69,20 +71,25 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="llama")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--lowered", action="store_true", help="also compare the lowered programs")
+    ap.add_argument("--batch-scale", type=int, default=1, help="the model's batch times this (default 1)")
+    ap.add_argument("--only", default="", help="only the hand-written plans whose label contains this")
     a = ap.parse_args(argv)
+    realscale.scale_batches(a.batch_scale)
     fn, args, desc, _ = realscale.make_model(a.model)
     g = graph_from_traced(trace(fn, args, {}, skip_integer_leaves=False), profile=detect_profile())
     layers = find_layers(g)
     print(f"{a.model}: {desc}; {len(layers)} layers found", flush=True)
-    for pol in realscale.POLICIES:
-        hand_fn, hand_args, _, L = realscale.make_model(a.model, [pol] * len(layers))
-        copy = apply(fn, layer_plan(g, layers, [pol] * len(layers)))
+    for label, pols, cse in realscale.hand_variants(a.model):
+        if pols is None or not cse or a.only not in label or len(pols) != len(layers):
+            continue
+        hand_fn, hand_args, _, _ = realscale.make_model(a.model, pols)
+        copy = apply(fn, layer_plan(g, layers, pols))
         if a.lowered:
-            print(f"{pol}, lowered, by hand against autoremat's copy: "
+            print(f"{label}, lowered, by hand against autoremat's copy: "
                   f"{differences(lowered(hand_fn, hand_args), lowered(copy, args))}", flush=True)
         for k in range(a.repeats):
-            print(line(f"{pol} by hand, compile {k + 1}", compiled_stats(hand_fn, *hand_args)), flush=True)
-            print(line(f"{pol} autoremat's copy, compile {k + 1}", compiled_stats(copy, *args)), flush=True)
+            print(line(f"{label} by hand, compile {k + 1}", compiled_stats(hand_fn, *hand_args)), flush=True)
+            print(line(f"{label} autoremat's copy, compile {k + 1}", compiled_stats(copy, *args)), flush=True)
     return 0
 
 

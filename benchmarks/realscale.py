@@ -59,6 +59,7 @@ POLICIES = ("nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_saveab
 bf = jnp.bfloat16
 sd = jax.ShapeDtypeStruct
 PLANNER_LOG = lambda m: None  # noqa: E731  (--planner-log: the planner's progress to stderr)
+ASCENDING = False  # --ascending: the budgets from the lowest up (a run cut short then has the lean end)
 
 
 def rms(x, w):
@@ -238,7 +239,7 @@ def run_model(name: str, say, lines: list) -> None:
         lines.append(f"| {label} | | {st.peak_bytes / GiB:.2f} | {(st.matmul_flops - none[0]) / 1e12:.3f} | "
                      f"{(st.jaxpr_flops - none[1]) / 1e12:.3f} | | | | | hand-written | |")
     budgets = [(st.peak_bytes, label, st.matmul_flops - none[0]) for label, st in hand[1:]]
-    for b, label, hand_extra in sorted(budgets, reverse=True):
+    for b, label, hand_extra in sorted(budgets, reverse=not ASCENDING):
         r = autoremat_row(name, b, none, say)
         if r["status"] != "ok":
             lines.append(f"| autoremat at {label} | {b / GiB:.2f} | infeasible (lowest {r['lowest'] / GiB:.2f}) | | | "
@@ -266,6 +267,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                   "realscale.md"))
     ap.add_argument("--batch-scale", type=int, default=1, help="every model's batch times this (default 1)")
+    ap.add_argument("--ascending", action="store_true",
+                    help="plan the budgets from the lowest up (default: from the highest down)")
     ap.add_argument("--planner-log", action="store_true", help="the planner's progress on stderr")
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
@@ -276,6 +279,10 @@ def main(argv=None) -> int:
     if a.batch_scale != 1:
         scale_batches(a.batch_scale)
         models += f" --batch-scale {a.batch_scale}"
+    if a.ascending:
+        global ASCENDING
+        ASCENDING = True
+        models += " --ascending"
     body: list[str] = []
 
     def say(m):  # progress, and the results so far (a run stopped early keeps its rows)
