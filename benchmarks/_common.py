@@ -7,9 +7,13 @@ import platform
 
 def git_state(root: str | None = None) -> str:
     """The commit of the checkout at `root` (default: this one), with `+dirty` if its autoremat/
-    has uncommitted changes."""
+    has uncommitted changes; AUTOREMAT_COMMIT where set (a copy of the tree on a device machine,
+    whose .git, where it has one, may be older than the tree: the H100 run of 2026-11-27 said
+    a1be56d for d6e0a4b)."""
     import subprocess
 
+    if os.environ.get("AUTOREMAT_COMMIT"):
+        return os.environ["AUTOREMAT_COMMIT"]
     root = root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
@@ -17,8 +21,8 @@ def git_state(root: str | None = None) -> str:
         dirty = subprocess.run(["git", "status", "--porcelain", "autoremat"], cwd=root, capture_output=True,
                                text=True, check=True).stdout.strip()
         return head + ("+dirty" if dirty else "")
-    except Exception:  # noqa: BLE001 - not a git checkout (a copy of the tree on a device machine)
-        return os.environ.get("AUTOREMAT_COMMIT", "unknown")
+    except Exception:  # noqa: BLE001 - not a git checkout
+        return "unknown"
 
 
 def provenance(command: str, minutes: float) -> str:
