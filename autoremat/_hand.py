@@ -96,6 +96,7 @@ class _Pair:
     steps: int = 0  # counts compiled
     dropped: bool = False  # its fewest winning count was predicted well over (`_surely_over`)
     lean_compiled: bool = True  # peaks[0] compiled, not predicted (a solver's set: `solver_sets`)
+    step: float | None = None  # the first line's bytes step per layer, where it is one (`_bytes_step`)
 
 
 @dataclass(frozen=True)
@@ -358,11 +359,12 @@ class HandSearch:
         return False
 
     def mix(self, limit: int) -> HandPlan | None:
-        """The best two-option mix within `limit`, compiled.  Two pairs are tried: the pair of
-        JAX policies (or no remat) and the pair with a solver's set predicted to recompute least.
+        """The best two-option mix within `limit`, compiled.  The pairs tried: every pair of JAX
+        policies (or no remat) that brackets `limit`, of those on the front of compiled peak
+        against FLOPs (`_front`), and the pair with a solver's set predicted to recompute least.
         They are settled together, one compile at a time (`_next_move`): each compile is of the
         pair and count predicted to recompute least among the counts that could still beat the
-        best plan that fits, so a pair whose compiles come out over gives way to the other, and
+        best plan that fits, so a pair whose compiles come out over gives way to another, and
         a pair is dropped once its fewest winning count is compiled over (a mix's peak grows
         with its count).  So the mix a person writes is a candidate whenever it could win.  GPT
         1B at its 13.34 GiB mix budget: the policies' first count compiled over (13 of 24 layers,
@@ -371,14 +373,18 @@ class HandSearch:
         decoder's ilp10% set fitted the hand-written mix's budget (9 nothing_saveable + 9
         dots_with_no_batch_dims_saveable, 9.22 GiB, +8.35 TFLOP); its mix was predicted best and
         settled at +8.52, and the policies' mix was never compiled
-        (benchmarks/results/gpu-h100-realscale.md).  None if no mix fits and wins."""
-        pairs = self._pairs(limit)
-        policies = [p for p in pairs if p[1] in _POLICIES and p[2] in _POLICIES]
-        others = [p for p in pairs if p not in policies]
-        tops = sorted((g[0] for g in (policies, others) if g), key=lambda p: p[0])  # options may be None
+        (benchmarks/results/gpu-h100-realscale.md).  On the H100 ResNet-50 (batch 1536) at its
+        dots_with_no_batch_dims_saveable + dots_saveable mix's 30.63 GiB (+6.35 TFLOP): one pair
+        of policies was tried, and the one predicted best, with no remat on the last layers, was
+        predicted well over and dropped uncompiled; the pair a person wrote never was, and
+        autoremat returned +6.63 (gpu-h100-realscale-fill.md).  None if no mix fits and wins."""
+        pairs, front = self._pairs(limit), self._front()
+        policies = [p for p in pairs if p[1] in front and p[2] in front]
+        others = [p for p in pairs if not (p[1] in _POLICIES and p[2] in _POLICIES)]
+        tops = sorted([*policies, *others[:1]], key=lambda p: p[0])  # options may be None
         mixes = [_Pair(lean, fast, self._lean_floor(lean, limit), len(self.layers), self._first_line(lean, fast),
                        {0: self.points[lean].peak, len(self.layers): self.points[fast].peak},
-                       lean_compiled=self.points[lean].compiled)
+                       lean_compiled=self.points[lean].compiled, step=self._bytes_step(lean, fast))
                  for _, lean, fast, _ in tops]
         bound = min((p.extra_flops for p in self.points.values() if p.peak <= limit), default=math.inf)
         best = None
@@ -388,6 +394,21 @@ class HandSearch:
                 best, bound = got, got.extra_flops
         return best
 
+    def _front(self) -> set:
+        """JAX's policies (and no remat) compiled so far that no other one matches in both peak and
+        FLOPs (of two alike, the faster-named): a mix with a matched one in either role is
+        expected to be no better than the same mix with the one that matches it, and each pair
+        costs compiles.  ResNet-50 on the H100: nothing_saveable and
+        dots_with_no_batch_dims_saveable per layer both compile to 25.39 GiB and +12.19 TFLOP."""
+        opts = [o for o in _POLICIES if o in self.points]
+        rank = {o: i for i, o in enumerate((*HAND_POLICIES, None))}  # faster last
+
+        def matched(o, by) -> bool:
+            a, b = self.points[o], self.points[by]
+            return (b.peak <= a.peak and b.extra_flops <= a.extra_flops
+                    and (b.peak < a.peak or b.extra_flops < a.extra_flops or rank[by] > rank[o]))
+        return {o for o in opts if not any(matched(o, by) for by in opts if by != o)}
+
     def _next_move(self, mixes: Sequence[_Pair], bound: float, limit: int) -> tuple[_Pair, int] | None:
         """The pair and count to compile next: of each pair's next count (`_next_of`), a count
         expected to fit before one that only shows the pair over (a mix that fits lowers the
@@ -395,26 +416,27 @@ class HandSearch:
         then the fewest FLOPs."""
         moves = []
         for m in mixes:
-            k = self._next_of(m, bound, limit)
+            k = self._next_of(m, bound, limit, _known_over(m, mixes))
             if k is not None:
                 moves.append((m.line(k) > limit, self._mix_flops(m.lean, m.fast, k), m, k))
         return min(moves, key=lambda mv: mv[:2])[2:] if moves else None
 
-    def _next_of(self, m: _Pair, bound: float, limit: int) -> int | None:
+    def _next_of(self, m: _Pair, bound: float, limit: int, stop: int) -> int | None:
         """The count of `m` to compile next: the largest expected to fit (`m.line`) among those
-        that could beat `bound` and are not known over, else the fewest of them (one compile
-        shows whether the pair can win at all); None once there is none, after MAX_MIX_STEPS,
-        or where the fewest is predicted well over before any count is compiled (`_surely_over`)."""
+        that could beat `bound` and are not known over (from `stop` up: `_known_over`), else the
+        fewest of them (one compile shows whether the pair can win at all); None once there is
+        none, after MAX_MIX_STEPS, or where the fewest is predicted well over before any count
+        is compiled (`_surely_over`)."""
         below = self._count_below(m.lean, m.fast, bound)
         if m.dropped or below is None or m.steps >= MAX_MIX_STEPS:
             return None
         lo = max(below, m.floor, m.fit + 1)
-        if lo >= m.over:
+        if lo >= stop:
             return None
         if m.steps == 0 and self._surely_over(m.lean, m.fast, lo, limit):
             m.dropped = True
             return None
-        return _next_count(m, lo, limit)
+        return _next_count(m, lo, limit, stop)
 
     def _compile_count(self, m: _Pair, k: int, limit: int) -> HandPlan:
         """`k` layers of `m.fast` (the rest `m.lean`) compiled, the counts either side traced
@@ -430,7 +452,7 @@ class HandSearch:
             m.fit = k
         else:
             m.over = k
-        m.line = _line(m.peaks, m.fit, m.over, self.curve(m.lean, m.fast))
+        m.line = _line(m.peaks, m.fit, m.over, self.curve(m.lean, m.fast), m.step)
         return got
 
     def _count_below(self, lean, fast, bound: float) -> int | None:
@@ -524,11 +546,20 @@ class HandSearch:
         layers are alike and both options' saved bytes are known, else the line between the two
         compiled peaks, against the model's peak of each count where there is one (`_line`)."""
         n, a, b = len(self.layers), self.points[lean], self.points[fast]
+        step = self._bytes_step(lean, fast)
+        if step is not None:
+            return lambda k: b.peak - (n - k) * step
+        return _line({0: a.peak, n: b.peak}, 0, n, self.curve(lean, fast))
+
+    def _bytes_step(self, lean, fast) -> float | None:
+        """What a layer of `fast` stores beyond one of `lean`, where `_first_line` goes by it (both
+        options' saved bytes known, and the layers alike or no model's shape for the pair)."""
+        n = len(self.layers)
         step = (self.saved_bytes.get(fast, 0) - self.saved_bytes.get(lean, 0)) / n
         known = lean in self.saved_bytes and fast in self.saved_bytes and step > 0
         if known and (len({la.key for la in self.layers}) == 1 or self.curve(lean, fast) is None):
-            return lambda k: b.peak - (n - k) * step
-        return _line({0: a.peak, n: b.peak}, 0, n, self.curve(lean, fast))
+            return step
+        return None
 
     def _mix(self, lean, fast, k: int) -> list:
         """What each layer gets with the last `k` under `fast` and the rest under `lean`."""
@@ -557,33 +588,57 @@ def _name(option) -> str:
     return option if option in HAND_POLICIES else f"the solver's {option} set"
 
 
-def _line(peaks: dict, fit: int, over: int, curve=None) -> Callable[[int], float]:
+def _line(peaks: dict, fit: int, over: int, curve=None, step: float | None = None) -> Callable[[int], float]:
     """The peak expected at each count between `fit` and `over`: the line through the two
     compiled peaks nearest the limit, against the model's peak of each count where there is one
     (`HandSearch.curve`, rising between them), else against the count (the same for alike layers,
     where the model's peak rises by one layer's bytes a count; where it is flat over some counts,
-    as over ResNet-50's small last blocks, they go together)."""
+    as over ResNet-50's small last blocks, they go together).  Where no count has fitted yet
+    (`fit` 0: the leaner option alone) and the pair's first line was a bytes `step`, the line
+    through the count compiled over with that slope: the mix's peak is the leaner option's own
+    up to some count and rises by about a layer's bytes a count after it (the chain formula,
+    `HandSearch._first_count`), so the chord from the leaner option alone lies above it and, at
+    a budget on that option's own peak, says every count is over."""
     lo, hi = peaks[fit], peaks[over]
+    if fit == 0 and step is not None and over in peaks:
+        return lambda k: hi - (over - k) * step
     if curve is not None and curve[over] > curve[fit]:
         slope = (hi - lo) / (curve[over] - curve[fit])
         return lambda k: lo + (curve[k] - curve[fit]) * slope
     return lambda k: lo + (k - fit) / (over - fit) * (hi - lo)
 
 
-def _next_count(m: _Pair, lo: int, limit: int) -> int:
-    """The next layer count of `m` to compile, from `lo` up to (not including) `m.over`: the
+def _next_count(m: _Pair, lo: int, limit: int, stop: int) -> int:
+    """The next layer count of `m` to compile, from `lo` up to (not including) `stop`: the
     largest whose expected peak (`m.line`) is within `limit`; where none is, `lo` (one compile
-    shows whether the pair can win), or, where the counts compiled so far barely raised the peak
-    (a plateau, `_plateau`: the line through its edge leaves no room), the middle of the counts
-    still open.
+    shows whether the pair can win).  Where the counts compiled so far barely raised the peak (a
+    plateau, `_plateau`), the middle of the counts still open if that is more: the line through
+    a plateau's edge leaves little or no room, so it creeps up a count or two a compile.
     The alternating decoder under FSDP on 8 devices (benchmarks/results/sharded_unseen.md):
     6 layers nothing_saveable + 6 dots_with_no_batch_dims_saveable compile to nothing_saveable's
     own 7.47 GiB (to 64 bytes a layer), as do 1-5 layers of the faster policy; stepping one a compile, the
     search stopped at 5 (MAX_MIX_STEPS) and recomputed 43.98 TFLOP against the mix's 39.58."""
-    expected = [k for k in range(lo, m.over) if m.line(k) <= limit]
-    if expected:
-        return max(expected)
-    return max(lo, (m.fit + m.over) // 2) if _plateau(m) else lo
+    expected = [k for k in range(lo, stop) if m.line(k) <= limit]
+    if _plateau(m):
+        return max([lo, (m.fit + stop) // 2, *expected])
+    return max(expected) if expected else lo
+
+
+def _known_over(m: _Pair, mixes: Sequence[_Pair]) -> int:
+    """The fewest layers of `m.fast` known over the limit: `m.over`, or fewer where a pair with the
+    same leaner option and a faster one that stores less in each layer was compiled over at that
+    count (JAX's policies store nested sets: nothing_saveable's within
+    dots_with_no_batch_dims_saveable's within dots_saveable's within no remat's, so the same count
+    of `m.fast` stores more).  Equinox 1B at nothing_saveable's own peak (benchmarks/realscale.py):
+    11 + 1 layers of it and dots_with_no_batch_dims_saveable compiled to 7.02 GiB, over the 6.90
+    budget, and 11 + 1 with dots_saveable, compiled next, to 7.27 (benchmarks/budget_log.py)."""
+    return min([m.over] + [s.over for s in mixes if s is not m and s.lean == m.lean and _nested(s.fast, m.fast)])
+
+
+def _nested(a, b) -> bool:
+    """Whether JAX's policy (or no remat: None) `a` stores a subset of what `b` stores, and less."""
+    order = (*HAND_POLICIES, None)
+    return a in order and b in order and order.index(a) < order.index(b)
 
 
 def _plateau(m: _Pair) -> bool:
