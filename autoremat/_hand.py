@@ -19,7 +19,8 @@ compiled plan that recomputes the fewest FLOPs.
   policy and the rest under the leaner one; `k` from the faster one's compiled peak less what
   the leaner layers store less (where the layers are alike; else the chain model's peak of
   each count between the two compiled peaks), then corrected by compiling (the peak grows with
-  `k`); the policies' pair and a solver set's pair are settled together, one compile at a time.
+  `k`); every pair of policies (and no remat) that brackets the budget and a solver set's pair
+  are settled together, one compile at a time.
 
 FLOPs are the matmul FLOPs of the step's jaxpr (`CompiledStats.matmul_flops`: recomputation
 included, scan bodies times their trip count), relative to the un-optimized step.
