@@ -474,6 +474,50 @@ def test_every_pair_of_policies_is_tried_not_only_the_one_predicted_best():
     assert not [c for c in compiled if c[0] == nothing or c[1] is None]
 
 
+def test_a_pair_is_not_dropped_on_the_models_fall_where_the_compiled_peaks_say_it_may_fit():
+    """ResNet-50 on the H100 again, with every pair of policies a candidate (GiB, GFLOP;
+    benchmarks/results/gpu-h100-resnet-mix.log): the pair written by hand,
+    dots_with_no_batch_dims_saveable with dots_saveable on the last blocks, needed 3 blocks of the
+    latter to beat the solver set's predicted +10.77 TFLOP, and the model's fall from 16 such
+    blocks to 3 (21.96 GiB, where the compiled peaks fall 28.64 from 16 to none) put that count
+    at 32.07 GiB, over the 30.63 budget by more than FALL_SLACK: dropped uncompiled, and the set's
+    10 + 6 returned again (+6.63 against +6.35).  The model's shape is flat over the small last
+    blocks (as on the CPU, `test_a_mix_of_unlike_layers_is_found_on_the_models_peak_per_count`),
+    so the line through the two policies' compiled peaks with that shape says 25.39 there: now a
+    pair is dropped only where both say over."""
+    from types import SimpleNamespace
+
+    from autoremat.graph._layers import Layer
+
+    gib, n = 2**30, 16
+    dbd, dots = "dots_with_no_batch_dims_saveable", "dots_saveable"
+    hand = _hand.HandSearch(SimpleNamespace(traced=None), [Layer(i, i + 1, f"stage{i // 4}") for i in range(n)],
+                            None, None, lambda m: None)
+    uniform = {None: (72.92, 0.0), dbd: (25.39, 12193.0), dots: (54.03, 0.0), "ilp10%": (26.77, 10770.0)}
+    hand.points = {o: _hand.HandPlan(str(o), None, int(p * gib), f * 1e9, compiled=o != "ilp10%")
+                   for o, (p, f) in uniform.items()}
+    hand.choice = {o: (lambda k, o=o: o) for o in uniform}
+    hand.saved_bytes = {dbd: 0, dots: int(n * 2.0 * gib), "ilp10%": int(n * 0.2 * gib)}
+    model = [0] * 9 + [int((k - 8) * 21.96 / 8 * gib) for k in range(9, n + 1)]  # flat over 8 last blocks
+    hand.curve = lambda lean, fast: model if (lean, fast) == (dbd, dots) else None
+    peaks = {dbd: lambda k: 25.39 if k <= 4 else 25.39 + (k - 4) * 1.31 if k <= 8 else 30.63 + (k - 8) * 2.925,
+             "ilp10%": lambda k: 25.02 + 0.84 * k}
+    compiled = []
+
+    def plan(options, label, ahead=(), expected=None):
+        lean, fast = options[0], options[-1]
+        k = sum(o == fast for o in options)
+        compiled.append((lean, fast, k))
+        fa, fb = uniform[lean][1], uniform[fast][1]
+        return _hand.HandPlan(label, None, int(peaks[lean](k) * gib), (fa + k / n * (fb - fa)) * 1e9)
+
+    hand.plan = plan
+    limit = int(30.63 * gib)
+    assert hand._fall(dbd, dots, 3) > limit * (1 + _hand.FALL_SLACK)  # the model's fall alone: over
+    best = hand.mix(limit)
+    assert best.label == f"8 layers {dbd}, 8 layers {dots}", compiled
+
+
 def test_a_count_over_with_a_leaner_fast_policy_is_over_with_a_fuller_one():
     """Equinox 1B at nothing_saveable's own 6.90 GiB (benchmarks/budget_log.py --model equinox):
     11 + 1 layers of it and dots_with_no_batch_dims_saveable compiled to 7.02 GiB, over; the same
