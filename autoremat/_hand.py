@@ -488,9 +488,10 @@ class HandSearch:
         the model fell 21.96 GiB from 16 ResNet-50 blocks of dots_saveable to 13 + 3 with
         dots_with_no_batch_dims_saveable, where the compiled peaks fall at least 23.40 (to the
         8 + 8 mix's 30.63), so that count was predicted at 32.07 GiB and the pair written by
-        hand was dropped (benchmarks/results/gpu-h100-resnet-mix.log).  Scaled to the compiled
-        peaks' whole fall (28.64 GiB) the model's shape, flat over ResNet-50's small last blocks,
-        puts it near 25.39."""
+        hand was dropped (benchmarks/results/gpu-h100-resnet-mix.log).  The line scales the
+        model's shape to the compiled peaks' whole fall (28.64 GiB); on the CPU that shape is flat
+        over ResNet-50's small last blocks, which would put 13 + 3 near 25.39 (not yet rerun on
+        a GPU)."""
         fall, n = self._fall(lean, fast, k), len(self.layers)
         if fall is None:
             return False
