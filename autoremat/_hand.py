@@ -44,6 +44,8 @@ __all__ = ["HAND_POLICIES", "HandPlan", "HandSearch", "layer_plan", "uniform_pla
 # JAX's built-in policies a person applies per layer, leanest first.
 HAND_POLICIES = ("nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_saveable")
 _POLICIES = (None, *HAND_POLICIES)  # the options a person writes per layer (None: no remat)
+# The same, each storing in every layer what the one before it stores and more (no remat last).
+_NESTED = (*HAND_POLICIES, None)
 # Solver saved sets compiled alone per search (`HandSearch.sets_alone`): each is a whole-step
 # compile (5-9 s at 1B).  The line through the policies' peaks predicted the small transformer's
 # ilp25% set at 50.4 MiB (compiled 50.3) and the 16-layer 1B decoder's ilp10% set at 10.33 GiB
@@ -402,12 +404,11 @@ class HandSearch:
         costs compiles.  ResNet-50 on the H100: nothing_saveable and
         dots_with_no_batch_dims_saveable per layer both compile to 25.39 GiB and +12.19 TFLOP."""
         opts = [o for o in _POLICIES if o in self.points]
-        rank = {o: i for i, o in enumerate((*HAND_POLICIES, None))}  # faster last
 
         def matched(o, by) -> bool:
             a, b = self.points[o], self.points[by]
             return (b.peak <= a.peak and b.extra_flops <= a.extra_flops
-                    and (b.peak < a.peak or b.extra_flops < a.extra_flops or rank[by] > rank[o]))
+                    and (b.peak < a.peak or b.extra_flops < a.extra_flops or _nested(o, by)))
         return {o for o in opts if not any(matched(o, by) for by in opts if by != o)}
 
     def _next_move(self, mixes: Sequence[_Pair], bound: float, limit: int) -> tuple[_Pair, int] | None:
@@ -614,7 +615,7 @@ def _line(peaks: dict, fit: int, over: int, curve=None, step: float | None = Non
     `HandSearch._first_count`), so the chord from the leaner option alone lies above it and, at
     a budget on that option's own peak, says every count is over."""
     lo, hi = peaks[fit], peaks[over]
-    if fit == 0 and step is not None and over in peaks:
+    if fit == 0 and step is not None:
         return lambda k: hi - (over - k) * step
     if curve is not None and curve[over] > curve[fit]:
         slope = (hi - lo) / (curve[over] - curve[fit])
@@ -651,8 +652,7 @@ def _known_over(m: _Pair, mixes: Sequence[_Pair]) -> int:
 
 def _nested(a, b) -> bool:
     """Whether JAX's policy (or no remat: None) `a` stores a subset of what `b` stores, and less."""
-    order = (*HAND_POLICIES, None)
-    return a in order and b in order and order.index(a) < order.index(b)
+    return a in _NESTED and b in _NESTED and _NESTED.index(a) < _NESTED.index(b)
 
 
 def _plateau(m: _Pair) -> bool:
