@@ -27,8 +27,9 @@ __all__ = ["to_plan", "plan_segments", "baseline_segments", "with_recompute_cost
 
 
 def to_plan(model: ChainModel, segments: Sequence[Segment], *, budget: int | None = None,
-            result: SolveResult | None = None, meta: dict | None = None) -> Plan:
-    """Turns chosen segments into a `Plan` for the traced function."""
+            result: SolveResult | None = None, meta: dict | None = None, scan_barriers: bool = False) -> Plan:
+    """Turns chosen segments into a `Plan` for the traced function; `scan_barriers`: the scan
+    bodies' `prevent_cse` (`ScanPlan.prevent_cse`)."""
     g = model.graph
     t = g.traced
     regions, scans, decisions = [], [], {}
@@ -43,7 +44,7 @@ def to_plan(model: ChainModel, segments: Sequence[Segment], *, budget: int | Non
             continue
         saved, off = frozenset(payload.get("saved", ())), frozenset(payload.get("offloaded", ()))
         if kind == "scan":
-            scans.append(ScanPlan(payload["op"], saved, off))
+            scans.append(ScanPlan(payload["op"], saved, off, prevent_cse=scan_barriers or g.ops[payload["op"]].unrolled))
             body = g.ops[payload["op"]].bodies[0]
             for vid in body.residual_values():
                 if body.values[vid].producer is not None:

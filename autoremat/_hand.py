@@ -163,9 +163,11 @@ def _records(g: Graph, layers: Sequence[Layer], policies: Sequence) -> dict[str,
 
 def uniform_plans(g: Graph, layers: Sequence[Layer], meta: dict | None = None) -> list[tuple[str, str, Plan]]:
     """(policy, label, plan) of each of `HAND_POLICIES` on every layer; where a layer is a scan,
-    twice: with JAX's default barriers on its body and with `prevent_cse=False`."""
+    twice: with JAX's default barriers on its body and with `prevent_cse=False` (not where the
+    scan is unrolled: `OpInfo.unrolled`)."""
     n = len(layers)
-    scans = any(g.traced.jaxpr.eqns[la.start].primitive.name == "scan" for la in layers)
+    scans = any(g.traced.jaxpr.eqns[la.start].primitive.name == "scan" and not g.ops[f"e{la.start}"].unrolled
+                for la in layers)
     return [(pol, f"{pol} per layer" + ("" if cse else " (scan bodies with prevent_cse=False)"),
              layer_plan(g, layers, [pol] * n, meta=meta, prevent_cse=cse))
             for pol in HAND_POLICIES for cse in ((True, False) if scans else (True,))]

@@ -282,9 +282,11 @@ class PlanSearch:
         m = self.model
         # Equation ranges, not block indices: the block variants index blocks differently.
         key = tuple((m.blocks[sg.start].start, m.blocks[sg.stop - 1].stop, sg.option.name) for sg in segments)
+        barriers = _scan_barriers(self.sig)
+        key += (("scan barriers",) if barriers else ())
         if key not in self.tried:
             peak, extra = evaluate(m.raw_problem, segments)
-            p = to_plan(m, segments, budget=self.budget, result=result, meta={
+            p = to_plan(m, segments, budget=self.budget, result=result, scan_barriers=barriers, meta={
                 **self.meta, "found_by": how, "expected_peak": self.expected(peak)})
             got = self.compile_once(key, replace(p, predicted_peak=peak, estimated_extra_time=extra), extra,
                                     _recompute_flops(segments))
@@ -896,6 +898,28 @@ def _best_compiled(sig, limit: int) -> _Compiled | None:
     FLOPs (then: estimated fastest, lowest peak)."""
     fits = [c for (s, _), c in _COMPILED.items() if s == sig and c.peak <= limit]
     return min(fits, key=lambda c: c.rank, default=None)
+
+
+def _scan_barriers(sig) -> bool:
+    """Whether the solver's scan-body plans for `sig` get JAX's optimization barriers
+    (`ScanPlan.prevent_cse`): yes where a JAX policy on the scan bodies, written by hand both ways
+    (`uniform_plans`) and compiled in this process, came out lower with them, and none higher.
+    Which is lower depends on the model, so it is measured, not assumed: on the built-in scan
+    transformer (CPU, jax 0.10.2) the nothing-saved body compiled to 51.3 MiB with barriers and
+    50.8 without (docs/FINDINGS.md, "Scan bodies: no optimization barriers"), and the 1B scan
+    decoders of benchmarks/realscale.py alike both ways; penzai's LayerStack decoder
+    (benchmarks/unseen.py) compiled to no remat's 32.70 GiB without them under every policy and
+    to 9.78-16.88 GiB with them, so without barriers every solver plan for it came out at no
+    remat's peak.  No such pair compiled: without, as before."""
+    peaks: dict = {}
+    for (s, key), c in _COMPILED.items():
+        if s == sig and key and key[0] == "hand" and c.plan is not None and c.plan.scans and not c.plan.regions:
+            body = {(sp.op, sp.policy) for sp in c.plan.scans}
+            cse = {sp.prevent_cse for sp in c.plan.scans}
+            if len(cse) == 1:
+                peaks.setdefault(frozenset(body), {})[cse.pop()] = c.peak
+    pairs = [(p[True], p[False]) for p in peaks.values() if len(p) == 2]
+    return any(a < b for a, b in pairs) and not any(a > b for a, b in pairs)
 
 
 def _hand_table(sig) -> list[dict]:

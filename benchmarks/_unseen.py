@@ -16,6 +16,11 @@ description, layers), as `_thirdparty.py`'s do.
 * `vit_nnx`: a ViT-L/16-like encoder in flax nnx (`nnx.MultiHeadAttention`, `nnx.remat`).
 * `alternating`: a decoder whose layers alternate local (sliding-window) and global causal
   attention, as Gemma 2's do: alike but for the mask.
+* `penzai`, `penzai_scan`: penzai's own Gemma-like decoder (`llamalike_common`: GeGLU, grouped
+  RMSNorm, RoPE, tied embeddings, a soft-capped head) on named axes, whose every op is an
+  `nmap` (`vmap`) over them; its blocks unrolled in a `pz.nn.Sequential`, or stacked by
+  penzai's `LayerStack` (a `lax.scan`).  Each block is wrapped by hand in a penzai layer that
+  calls it under `jax.checkpoint`, as penzai has no remat layer of its own.
 """
 
 from __future__ import annotations
@@ -275,10 +280,63 @@ def alternating(policies=None, prevent_cse=True):
     return loss, (params, sd((d["B"], d["S"]), jnp.int32)), desc, d["L"]
 
 
+# -- penzai's Gemma-like decoder: named axes, its blocks unrolled or in a LayerStack (a scan) ----
+PZ = dict(L=12, D=2048, KV=8, P=256, F=8192, V=32000, S=1024, B=8)
+
+
+def _penzai(policies, prevent_cse, stack):
+    import dataclasses
+
+    from penzai import pz
+    from penzai.models.transformer import model_parts
+    from penzai.models.transformer.variants import llamalike_common as ll
+
+    d = PZ
+    cfg = ll.LlamalikeTransformerConfig(
+        num_kv_heads=d["KV"], query_head_multiplier=1, embedding_dim=d["D"], projection_dim=d["P"],
+        mlp_hidden_dim=d["F"], num_decoder_blocks=d["L"], vocab_size=d["V"], mlp_variant="geglu_approx",
+        tie_embedder_and_logits=True, final_logit_softcap=30.0, parameter_dtype=bf, activation_dtype=bf,
+        use_layer_stack=stack)
+
+    @pz.pytree_dataclass
+    class Remat(pz.nn.Layer):  # a block called under jax.checkpoint, written by hand
+        sublayer: pz.nn.Layer
+        policy: str = dataclasses.field(metadata={"pytree_node": False})
+        cse: bool = dataclasses.field(metadata={"pytree_node": False})
+
+        def __call__(self, x, **side):
+            return jax.checkpoint(lambda layer, x, side: layer(x, **side), policy=_policy(self.policy),
+                                  prevent_cse=self.cse)(self.sublayer, x, side)
+
+    pols = iter(policies if policies is not None else [None] * d["L"])
+    slotted = pz.select(ll.build_llamalike_transformer(cfg, init_base_rng=None)).at_instances_of(
+        model_parts.TransformerBlock).apply(lambda b: b if (pol := next(pols)) is None else Remat(b, pol, prevent_cse))
+    params = jax.eval_shape(lambda: pz.unbind_params(
+        ll.build_llamalike_transformer(cfg, init_base_rng=jax.random.key(0)), freeze=True)[1])
+
+    def loss(params, tokens):
+        model = pz.bind_variables(slotted, params)
+        logits = model(pz.nx.wrap(tokens).tag("batch", "seq")).unwrap("batch", "seq", "vocabulary")
+        return _xent(logits, tokens)
+
+    desc = (f"penzai Gemma-like decoder ({'LayerStack' if stack else 'blocks unrolled'}): {d['L']} layers, d_model "
+            f"{d['D']}, {d['KV']} heads of {d['P']}, GeGLU d_ff {d['F']}, seq {d['S']}, batch {d['B']}, bf16")
+    return loss, (params, sd((d["B"], d["S"]), jnp.int32)), desc, d["L"]
+
+
+def penzai(policies=None, prevent_cse=True):
+    return _penzai(policies, prevent_cse, stack=False)
+
+
+def penzai_scan(policies=None, prevent_cse=True):
+    return _penzai(policies, prevent_cse, stack=True)
+
+
 def scale_batches(k: int) -> None:
     """Every model's batch times `k` (as `realscale.scale_batches`)."""
-    for d, key in ((MOE, "B"), (UNET, "batch"), (ED, "B"), (VIT, "batch"), (ALT, "B")):
+    for d, key in ((MOE, "B"), (UNET, "batch"), (ED, "B"), (VIT, "batch"), (ALT, "B"), (PZ, "B")):
         d[key] *= k
 
 
-BUILDERS = {"moe": moe, "unet": unet, "encdec": encdec, "vit_nnx": vit_nnx, "alternating": alternating}
+BUILDERS = {"moe": moe, "unet": unet, "encdec": encdec, "vit_nnx": vit_nnx, "alternating": alternating,
+            "penzai": penzai, "penzai_scan": penzai_scan}

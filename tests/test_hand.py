@@ -796,3 +796,83 @@ def test_policy_plans_record_what_jax_stores(name):
         plan, jax_bytes = stored(pol)
         recorded = sum(r.nbytes * r.multiplicity for r in plan.values.values() if r.decision == "save")
         assert recorded == jax_bytes - base, pol
+
+
+def _unrolled_scan(unroll: int):
+    """A 4-layer scan of GeGLU MLPs with `unroll`, and its abstract arguments."""
+    import jax.numpy as jnp
+
+    L, D, F = 4, 128, 512
+
+    def body(h, p):
+        x = h * jax.lax.rsqrt(jnp.mean(h ** 2, -1, keepdims=True) + 1e-6)
+        return h + (jax.nn.gelu(x @ p["w1"]) * (x @ p["w3"])) @ p["w2"], None
+
+    def loss(params, h):
+        out, _ = jax.lax.scan(body, h, params, unroll=unroll)
+        return jnp.mean(out ** 2)
+
+    sd = jax.ShapeDtypeStruct
+    params = {"w1": sd((L, D, F), jnp.float32), "w3": sd((L, D, F), jnp.float32), "w2": sd((L, F, D), jnp.float32)}
+    return loss, (params, sd((8, 512, D), jnp.float32))
+
+
+def test_an_unrolled_scan_body_keeps_its_barriers():
+    """penzai's `LayerStack` scans with `unroll=True`: XLA then merges a body's recomputation
+    without barriers into its forward pass (`OpInfo.unrolled`), so the hand-written policies are
+    tried with barriers alone and the solver's scan plans get them: just under the saving
+    policies' peak (116.3 MiB) its plan fits (104.3) and recomputes half of what nothing_saveable
+    does (2.15 against 4.29 GFLOP matmul); without barriers its scan plans compiled over, near no
+    remat's 198.4 (as every one of penzai's 1B decoder did, benchmarks/unseen.py), and
+    nothing_saveable was the answer."""
+    from autoremat._optimize import plan_for
+
+    fn, args = _unrolled_scan(4)
+    traced = trace(fn, args, {}, argnums=(0,), static_argnums=(), has_aux=False, skip_integer_leaves=False)
+    g = graph_from_traced(traced)
+    layers = find_layers(g)
+    pass
+    plans = _hand.uniform_plans(g, layers)
+    plans = [p for p in plans if p[2].scans[0].prevent_cse]
+    hand = {pol: compiled_stats(apply(fn, p), *args) for pol, _, p in plans}
+    none = compiled_stats(fn, *args)
+    lean, fast = hand["nothing_saveable"], hand["dots_with_no_batch_dims_saveable"]
+    assert lean.peak_bytes < fast.peak_bytes == hand["dots_saveable"].peak_bytes < none.peak_bytes
+    budget = fast.peak_bytes - 1
+    got = plan_for(fn, budget, args).plan
+    st = compiled_stats(apply(fn, got), *args)
+    assert st.peak_bytes <= budget and st.matmul_flops - none.matmul_flops < 0.75 * (lean.matmul_flops - none.matmul_flops)
+    assert all(sp.prevent_cse for sp in got.scans)
+    keys = iter(jax.random.split(jax.random.key(0), 4))
+    real = jax.tree.map(lambda s: (0.05 * jax.random.normal(next(keys), s.shape)).astype(s.dtype), args)
+    assert_trees_close(jax.jit(jax.value_and_grad(apply(fn, got)))(*real), jax.jit(jax.value_and_grad(fn))(*real))
+
+
+def test_a_rolled_scan_body_is_tried_both_ways_and_its_solver_plans_follow_the_lower():
+    """Where the scan is not unrolled, the policies are compiled with barriers and without
+    (`uniform_plans`), and the solver's scan plans take barriers only where those compiled
+    lower and none higher (`_search._scan_barriers`)."""
+    from autoremat import _search
+
+    fn, args = _unrolled_scan(1)
+    traced = trace(fn, args, {}, argnums=(0,), static_argnums=(), has_aux=False, skip_integer_leaves=False)
+    g = graph_from_traced(traced)
+    plans = _hand.uniform_plans(g, find_layers(g))
+    assert sorted(p.scans[0].prevent_cse for _, _, p in plans) == [False] * 3 + [True] * 3
+
+    def compiled(peaks):
+        sig = object()
+        for i, (_, _, p) in enumerate(plans[:2 * len(peaks)]):
+            _search._COMPILED[(sig, ("hand", f"plan {i}"))] = _search._Compiled(
+                peaks[i // 2][not p.scans[0].prevent_cse], 0.0, 0.0, p, 0.0, 0.0)
+        return sig
+
+    try:
+        assert _search._scan_barriers(compiled([(10, 20)]))  # with barriers lower
+        assert not _search._scan_barriers(compiled([(20, 10)]))
+        assert not _search._scan_barriers(compiled([(10, 10)]))  # alike: without, as JAX's docs write it
+        assert not _search._scan_barriers(compiled([(10, 20), (30, 20)]))  # the policies disagree
+        assert not _search._scan_barriers(object())  # nothing compiled
+    finally:
+        for key in [k for k in _search._COMPILED if k[1][0] == "hand" and k[1][1].startswith("plan ")]:
+            del _search._COMPILED[key]
