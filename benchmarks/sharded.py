@@ -21,7 +21,7 @@ Rows per model and layout: no remat; each JAX policy written by hand around ever
 around the body, `prevent_cse` True and False); unrolled, the half-and-half mixes of each two
 neighbouring policies (`realscale.hand_variants`); then `autoremat.optimize(loss, budget=peak,
 in_shardings=...)` called inside `jax.jit(jax.value_and_grad(...))` at each of those per-device
-peaks: 'planning s' is the time to trace that jitted step (the planning happens there), and the
+peaks and, for a scan, halfway between two policies' peaks (`realscale.between_budgets`): 'planning s' is the time to trace that jitted step (the planning happens there), and the
 step is then compiled again apart from the planner.  Extra FLOPs: the step's jaxpr FLOPs over no
 remat (global, all devices together), of the matmuls (what the verdict compares) and in all.
 
@@ -165,10 +165,13 @@ def run(name: str, layout: str, say) -> list[str]:
     for label, st in hand:
         lines.append(f"| {label} | | {st.peak_bytes / GiB:.2f} | {(st.matmul_flops - none.matmul_flops) / 1e12:.3f} | "
                      f"{(st.jaxpr_flops - none.jaxpr_flops) / 1e12:.3f} | | | | | hand-written | |")
-    for label, st in sorted(hand[1:], key=lambda r: -r[1].peak_bytes):
-        r = autoremat_row(name, layout, st.peak_bytes, none, say)
-        said, line = _row_line(label, st.peak_bytes, r, st.matmul_flops - none.matmul_flops)
-        say(f"  autoremat at {label} ({st.peak_bytes / GiB:.2f} GiB): {said}")
+    budgets = [(st.peak_bytes, label, st.matmul_flops - none.matmul_flops) for label, st in hand[1:]]
+    if name.endswith("_scan"):  # no mixes: budgets between the policies instead
+        budgets += realscale.between_budgets(hand)
+    for b, label, hand_extra in sorted(budgets, key=lambda r: -r[0]):
+        r = autoremat_row(name, layout, b, none, say)
+        said, line = _row_line(label, b, r, hand_extra)
+        say(f"  autoremat at {label} ({b / GiB:.2f} GiB): {said}")
         lines.append(line)
     return lines + [""]
 
