@@ -244,19 +244,21 @@ def _src(eqn) -> str:
 
 def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_div: list[float],
            arg_names: list[str] | None, multiplicity: int, live_out: list[bool] | None = None,
-           out_div: dict | None = None) -> Graph:
+           out_div: dict | None = None, body: bool = False) -> Graph:
     """The graph of `jaxpr`.  A value is split over devices as XLA laid it out where `out_div`
     says (`{(equation, output): factor}`, `propagated_divisors`), else as finely as its most
-    split input."""
+    split input; an op's work like its most split input or output, in a scan's `body` also
+    through values whose stacks XLA keeps whole (docs/FINDINGS.md, twenty-third session)."""
     given, per_body = _split_divisors(out_div or {})
     values: dict[str, ValueInfo] = {}
     ops: dict[str, OpInfo] = {}
     var_id: dict[int, str] = {}
     diff: dict[str, bool] = {}
-    div: dict[str, float] = {}
+    div: dict[str, float] = {}  # how many ways each value is split; `wdiv`: the work producing it
+    wdiv: dict[str, float] = {}
     named_alias: dict[str, str] = {}
 
-    def add_value(v, vid, producer, source, kind, d, dv, arg_name=None, name=None, scope=""):
+    def add_value(v, vid, producer, source, kind, d, dv, arg_name=None, name=None, scope="", wdv=None):
         aval = v.aval
         # A value cannot be split into more pieces than it has elements (a scalar loss
         # computed from sharded activations is replicated, not 1/8 of a float).
@@ -268,6 +270,7 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
         var_id[id(v)] = vid
         diff[vid] = d
         div[vid] = dv
+        wdiv[vid] = dv if wdv is None else min(wdv, max(aval_size(aval), 1))
 
     live = _grad_live_eqns(jaxpr, live_out)
     for i, v in enumerate(jaxpr.constvars):
@@ -284,9 +287,10 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
         src = _src(eqn)
         in_ids = [var_id[id(v)] if not isinstance(v, jex.core.Literal) else None for v in eqn.invars]
         in_d = [bool(x and diff[x]) for x in in_ids]
-        in_dv = [div[x] for x in in_ids if x]
+        in_dv, in_wdv = [div[x] for x in in_ids if x], [wdiv[x] for x in in_ids if x]
         outs_div = [given.get((idx, j), max(in_dv, default=1.0)) for j in range(len(eqn.outvars))]
-        out_div = max(outs_div, default=1.0)  # the op's work is split like its most split output
+        outs_wdiv = [max([f, *in_wdv]) for f in outs_div] if body else outs_div
+        out_div = max(outs_div, default=1.0)
         any_d = any(in_d)
         out_ids = []
         user_name = _user_name(eqn)
@@ -294,7 +298,7 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
             vid = f"{oid}:{j}"
             out_d = any_d and _is_float(v.aval) and eqn.primitive.name not in _ZERO_DERIVATIVE
             add_value(v, vid, oid, src, "intermediate", out_d, outs_div[j], name=user_name,
-                      scope=str(eqn.source_info.name_stack))
+                      scope=str(eqn.source_info.name_stack), wdv=outs_wdiv[j])
             out_ids.append(vid)
         if user_name is not None and in_ids[0] is not None:
             # checkpoint_name is an identity: its input carries the user's name too.
@@ -302,7 +306,7 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
         res = eqn_residuals(eqn, in_d) if any_d and live[idx] else EqnResiduals((False,) * len(in_ids), (False,) * len(out_ids), 0)
         bodies = _bodies(eqn, oid, prof, in_d, [div[x] if x else 1.0 for x in in_ids], multiplicity,
                          per_body.get(idx))
-        cost = _per_device_cost(eqn, max([out_div, *in_dv]))
+        cost = _per_device_cost(eqn, max([*outs_wdiv, *in_wdv], default=1.0))
         dtype = str(eqn.outvars[0].aval.dtype) if eqn.outvars and hasattr(eqn.outvars[0].aval, "dtype") else "float32"
         ops[oid] = OpInfo(
             id=oid, index=idx, primitive=primitive_label(eqn),
@@ -425,7 +429,8 @@ def _bodies_of(eqn, oid, prof, in_d, in_div, multiplicity, body_div=None) -> tup
             d[k] = d[k] or any_d
         # Scanned-over inputs lose their leading axis: the divisor stays (batch sharding).
         out.append(_build(bj, prof, prefix=f"{oid}/body/", in_diff=d, in_div=list(in_div),
-                          arg_names=None, multiplicity=multiplicity * int(eqn.params["length"]), out_div=body_div))
+                          arg_names=None, multiplicity=multiplicity * int(eqn.params["length"]), out_div=body_div,
+                          body=True))
     elif name == "while":
         cn, bn = eqn.params["cond_nconsts"], eqn.params["body_nconsts"]
         body = eqn.params["body_jaxpr"]

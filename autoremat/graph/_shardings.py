@@ -32,8 +32,10 @@ _CACHE: dict = {}
 def propagated_divisors(t: Traced) -> dict[tuple, float]:
     """`{(equation, output): factor}` for the top-level values of `t`'s jaxpr, and `{(scan
     equation, body equation, output): factor}` for the values of top-level scans' bodies: how
-    many pieces XLA splits each into (1.0 replicated); empty when no argument is sharded or the
-    forward pass does not compile on its own (callers then fall back to their own estimate)."""
+    many pieces XLA splits each into (1.0 replicated; a body value's as XLA lays out its stack
+    over the iterations, which may be whole where the body's work is split); empty when no
+    argument is sharded or the forward pass does not compile on its own (callers then fall back
+    to their own estimate)."""
     shardings = [concrete_sharding(s) for s in (t.in_shardings or ())]
     if not any(s is not None for s in shardings):
         return {}
@@ -83,7 +85,9 @@ def _forward_exposing(closed, flat) -> tuple[list, list, list]:
             outs, inner = _scan_exposing(eqn, invals)
             for (k, j), (aval, x) in inner.items():
                 values.append(x)
-                where.append(((i, k, j), aval))
+                # the stack's aval: its layout read with one iteration's shape said every body
+                # value of the 8B scan under FSDP was whole (shard_shape refuses another rank)
+                where.append(((i, k, j), aval.update(shape=(eqn.params["length"], *aval.shape))))
         else:
             outs = eval_eqn(eqn, invals)
         for j, (v, x) in enumerate(zip(eqn.outvars, outs)):
