@@ -21,6 +21,9 @@ description, layers), as `_thirdparty.py`'s do.
   `nmap` (`vmap`) over them; its blocks unrolled in a `pz.nn.Sequential`, or stacked by
   penzai's `LayerStack` (a `lax.scan`).  Each block is wrapped by hand in a penzai layer that
   calls it under `jax.checkpoint`, as penzai has no remat layer of its own.
+* `nnx_scan`, `equinox_scan`: scans over layers as flax nnx (`nnx.vmap`-made stacked blocks,
+  `nnx.scan` over `nnx.remat`) and equinox (`eqx.filter_vmap`-made stacked blocks, `lax.scan`
+  over `eqx.filter_checkpoint`) write them; decoders as `_thirdparty.py`'s.
 """
 
 from __future__ import annotations
@@ -332,11 +335,126 @@ def penzai_scan(policies=None, prevent_cse=True):
     return _penzai(policies, prevent_cse, stack=True)
 
 
+# -- scans over layers as flax nnx and equinox code writes them ---------------------------------
+SCANS = dict(L=12, D=2048, H=16, F=8192, V=32000, S=1024, B=8)
+
+
+def _scan_desc(lib: str, how: str) -> str:
+    d = SCANS
+    return (f"{lib} decoder ({how}): {d['L']} layers, d_model {d['D']}, d_ff {d['F']}, seq {d['S']}, "
+            f"batch {d['B']}, bf16")
+
+
+def nnx_scan(policies=None, prevent_cse=True):
+    from flax import nnx
+    d = SCANS
+    pol = (policies or [None])[0]
+
+    class Block(nnx.Module):
+        def __init__(self, rngs):
+            self.ln1 = nnx.RMSNorm(d["D"], dtype=bf, param_dtype=bf, rngs=rngs)
+            self.attn = nnx.MultiHeadAttention(d["H"], d["D"], dtype=bf, param_dtype=bf, decode=False, use_bias=False, rngs=rngs)
+            self.ln2 = nnx.RMSNorm(d["D"], dtype=bf, param_dtype=bf, rngs=rngs)
+            self.up = nnx.Linear(d["D"], d["F"], use_bias=False, dtype=bf, param_dtype=bf, rngs=rngs)
+            self.down = nnx.Linear(d["F"], d["D"], use_bias=False, dtype=bf, param_dtype=bf, rngs=rngs)
+
+        def __call__(self, h):
+            mask = nnx.make_causal_mask(jnp.ones(h.shape[:2], jnp.int32))
+            h = h + self.attn(self.ln1(h), mask=mask)
+            return h + self.down(nnx.gelu(self.up(self.ln2(h))))
+
+    class Decoder(nnx.Module):
+        def __init__(self, rngs):
+            self.embed = nnx.Embed(d["V"], d["D"], dtype=bf, param_dtype=bf, rngs=rngs)
+
+            @nnx.split_rngs(splits=d["L"])
+            @nnx.vmap(in_axes=(0,), out_axes=0)
+            def make(rngs):
+                return Block(rngs)
+            self.blocks = make(rngs)
+            self.ln = nnx.RMSNorm(d["D"], dtype=bf, param_dtype=bf, rngs=rngs)
+            self.head = nnx.Linear(d["D"], d["V"], use_bias=False, dtype=bf, param_dtype=bf, rngs=rngs)
+
+    gdef, params = nnx.split(nnx.eval_shape(lambda: Decoder(nnx.Rngs(0))))
+
+    def loss(params, tokens):
+        m = nnx.merge(gdef, params)
+        h = m.embed(tokens)
+
+        def step(h, blk):
+            return blk(h)
+        if pol is not None:
+            step = nnx.remat(step, policy=_policy(pol), prevent_cse=prevent_cse)
+
+        @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+        def run(h, blk):
+            return step(h, blk)
+        h = run(h, m.blocks)
+        return _xent(m.head(m.ln(h)), tokens)
+    return loss, (params, sd((d["B"], d["S"]), jnp.int32)), _scan_desc("flax nnx", "nnx.scan + nnx.remat"), d["L"]
+
+
+def equinox_scan(policies=None, prevent_cse=True):
+    import equinox as eqx
+    d = SCANS
+    pol = (policies or [None])[0]
+
+    class Block(eqx.Module):
+        ln1: eqx.nn.RMSNorm
+        attn: eqx.nn.MultiheadAttention
+        ln2: eqx.nn.RMSNorm
+        up: eqx.nn.Linear
+        down: eqx.nn.Linear
+
+        def __init__(self, key):
+            k1, k2, k3 = jax.random.split(key, 3)
+            self.ln1, self.ln2 = eqx.nn.RMSNorm(d["D"], dtype=bf), eqx.nn.RMSNorm(d["D"], dtype=bf)
+            self.attn = eqx.nn.MultiheadAttention(d["H"], d["D"], dtype=bf, key=k1)
+            self.up = eqx.nn.Linear(d["D"], d["F"], use_bias=False, dtype=bf, key=k2)
+            self.down = eqx.nn.Linear(d["F"], d["D"], use_bias=False, dtype=bf, key=k3)
+
+        def __call__(self, h):
+            x = jax.vmap(self.ln1)(h)
+            h = h + self.attn(x, x, x, mask=jnp.tril(jnp.ones((d["S"], d["S"]), bool)))
+            x = jax.vmap(self.ln2)(h)
+            return h + jax.vmap(lambda v: self.down(jax.nn.gelu(self.up(v))))(x)
+
+    class Decoder(eqx.Module):
+        embed: eqx.nn.Embedding
+        blocks: Block
+        ln: eqx.nn.RMSNorm
+        head: eqx.nn.Linear
+
+        def __init__(self, key):
+            k0, k1, k2 = jax.random.split(key, 3)
+            self.embed = eqx.nn.Embedding(d["V"], d["D"], dtype=bf, key=k0)
+            self.blocks = eqx.filter_vmap(Block)(jax.random.split(k2, d["L"]))
+            self.ln = eqx.nn.RMSNorm(d["D"], dtype=bf)
+            self.head = eqx.nn.Linear(d["D"], d["V"], use_bias=False, dtype=bf, key=k1)
+
+    abstract = eqx.filter_eval_shape(Decoder, jax.random.key(0))
+    params, static = eqx.partition(abstract, lambda x: isinstance(x, jax.ShapeDtypeStruct))
+
+    def loss(params, tokens):
+        m = eqx.combine(params, static)
+        h = jax.vmap(jax.vmap(m.embed))(tokens)
+        dyn, st = eqx.partition(m.blocks, eqx.is_array)
+
+        def step(h, blk):
+            b = eqx.combine(blk, st)
+            return jax.vmap(b)(h), None
+        if pol is not None:
+            step = eqx.filter_checkpoint(step, policy=_policy(pol), prevent_cse=prevent_cse)
+        h, _ = jax.lax.scan(step, h, dyn)
+        return _xent(jax.vmap(jax.vmap(lambda v: m.head(m.ln(v))))(h), tokens)
+    return loss, (params, sd((d["B"], d["S"]), jnp.int32)), _scan_desc("equinox", "eqx.filter_vmap-stacked layers, lax.scan + eqx.filter_checkpoint"), d["L"]
+
+
 def scale_batches(k: int) -> None:
     """Every model's batch times `k` (as `realscale.scale_batches`)."""
-    for d, key in ((MOE, "B"), (UNET, "batch"), (ED, "B"), (VIT, "batch"), (ALT, "B"), (PZ, "B")):
+    for d, key in ((MOE, "B"), (UNET, "batch"), (ED, "B"), (VIT, "batch"), (ALT, "B"), (PZ, "B"), (SCANS, "B")):
         d[key] *= k
 
 
 BUILDERS = {"moe": moe, "unet": unet, "encdec": encdec, "vit_nnx": vit_nnx, "alternating": alternating,
-            "penzai": penzai, "penzai_scan": penzai_scan}
+            "penzai": penzai, "penzai_scan": penzai_scan, "nnx_scan": nnx_scan, "equinox_scan": equinox_scan}

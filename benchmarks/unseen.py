@@ -4,12 +4,12 @@ The real-scale suite's tables (`realscale.py`: no remat, each JAX policy written
 every layer, the half-and-half mixes of neighbouring policies, then `autoremat`'s planner at
 each of those compiled peaks) for model families the other benchmarks lack (`_unseen.py`): a
 mixture-of-experts decoder, a U-Net with skip connections, an encoder-decoder with cross
-attention, a ViT in flax nnx, a decoder alternating local and global attention, and penzai's
-Gemma-like decoder on named axes, unrolled and in penzai's `LayerStack`; compile-only, a few
-GiB each.  Each model's table says how many layers `graph.find_layers` found against the
+attention, a ViT in flax nnx, a decoder alternating local and global attention, penzai's
+Gemma-like decoder on named axes, unrolled and in penzai's `LayerStack`, and scans over layers
+as flax nnx and equinox code writes them; compile-only, a few GiB each.  Each model's table says how many layers `graph.find_layers` found against the
 number the model's author wrote.
 
-    .venv/bin/python benchmarks/unseen.py                 # all seven (~10 min on 2 cores)
+    .venv/bin/python benchmarks/unseen.py                 # all nine (~13 min on 2 cores)
     .venv/bin/python benchmarks/unseen.py --models encdec
 """
 
