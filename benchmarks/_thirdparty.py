@@ -117,21 +117,23 @@ def haiku_scan(policies=None, prevent_cse: bool = True):
 
 
 # -- equinox, unrolled --------------------------------------------------------------------------
-def equinox(policies=None, prevent_cse: bool = True):
+def equinox_block(d: dict, norm=None):
+    """An equinox decoder block class of sizes `d` (`norm`: the norm layer, default LayerNorm),
+    called on one sequence [S, D]; `_unseen.equinox_scan` stacks it."""
     import equinox as eqx
 
-    d = DEC
+    norm = norm or eqx.nn.LayerNorm
 
     class Block(eqx.Module):
-        ln1: eqx.nn.LayerNorm
+        ln1: eqx.Module
         attn: eqx.nn.MultiheadAttention
-        ln2: eqx.nn.LayerNorm
+        ln2: eqx.Module
         up: eqx.nn.Linear
         down: eqx.nn.Linear
 
         def __init__(self, key):
             k1, k2, k3 = jax.random.split(key, 3)
-            self.ln1, self.ln2 = eqx.nn.LayerNorm(d["D"], dtype=bf), eqx.nn.LayerNorm(d["D"], dtype=bf)
+            self.ln1, self.ln2 = norm(d["D"], dtype=bf), norm(d["D"], dtype=bf)
             self.attn = eqx.nn.MultiheadAttention(d["H"], d["D"], dtype=bf, key=k1)
             self.up = eqx.nn.Linear(d["D"], d["F"], use_bias=False, dtype=bf, key=k2)
             self.down = eqx.nn.Linear(d["F"], d["D"], use_bias=False, dtype=bf, key=k3)
@@ -141,6 +143,15 @@ def equinox(policies=None, prevent_cse: bool = True):
             h = h + self.attn(x, x, x, mask=jnp.tril(jnp.ones((d["S"], d["S"]), bool)))
             x = jax.vmap(self.ln2)(h)
             return h + jax.vmap(lambda v: self.down(jax.nn.gelu(self.up(v))))(x)
+
+    return Block
+
+
+def equinox(policies=None, prevent_cse: bool = True):
+    import equinox as eqx
+
+    d = DEC
+    Block = equinox_block(d)
 
     class Decoder(eqx.Module):
         embed: eqx.nn.Embedding

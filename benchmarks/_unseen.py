@@ -31,7 +31,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from _thirdparty import _policy, _xent  # the same loss and policy lookup as the third-party models
+from _thirdparty import _policy, _xent, equinox_block  # the third-party models' loss, policy lookup, block
 
 bf = jnp.bfloat16
 sd = jax.ShapeDtypeStruct
@@ -399,25 +399,7 @@ def equinox_scan(policies=None, prevent_cse=True):
     d = SCANS
     pol = (policies or [None])[0]
 
-    class Block(eqx.Module):
-        ln1: eqx.nn.RMSNorm
-        attn: eqx.nn.MultiheadAttention
-        ln2: eqx.nn.RMSNorm
-        up: eqx.nn.Linear
-        down: eqx.nn.Linear
-
-        def __init__(self, key):
-            k1, k2, k3 = jax.random.split(key, 3)
-            self.ln1, self.ln2 = eqx.nn.RMSNorm(d["D"], dtype=bf), eqx.nn.RMSNorm(d["D"], dtype=bf)
-            self.attn = eqx.nn.MultiheadAttention(d["H"], d["D"], dtype=bf, key=k1)
-            self.up = eqx.nn.Linear(d["D"], d["F"], use_bias=False, dtype=bf, key=k2)
-            self.down = eqx.nn.Linear(d["F"], d["D"], use_bias=False, dtype=bf, key=k3)
-
-        def __call__(self, h):
-            x = jax.vmap(self.ln1)(h)
-            h = h + self.attn(x, x, x, mask=jnp.tril(jnp.ones((d["S"], d["S"]), bool)))
-            x = jax.vmap(self.ln2)(h)
-            return h + jax.vmap(lambda v: self.down(jax.nn.gelu(self.up(v))))(x)
+    Block = equinox_block(d, eqx.nn.RMSNorm)  # the unrolled `equinox` model's block, RMSNorm
 
     class Decoder(eqx.Module):
         embed: eqx.nn.Embedding
