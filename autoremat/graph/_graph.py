@@ -115,10 +115,10 @@ class OpInfo:
         """A scan unrolled (`unroll` > 1, as penzai's `LayerStack` scans with `unroll=True`): XLA
         then sees the forward and backward iterations side by side and, without optimization
         barriers (`jax.checkpoint(prevent_cse=False)`, what JAX's docs advise inside a scan),
-        merges a body's recomputation with its forward pass.  A 4-layer scan of SwiGLU MLPs (CPU,
-        jax 0.10.2, nothing_saveable on the body, tests/test_hand.py's): 14.38 MiB with barriers
-        and 21.38 without (no remat 21.63) at `unroll=4`, 19.76 and 22.51 at `unroll=2`, 18.26 and
-        18.39 at `unroll=1`."""
+        merges a body's recomputation with its forward pass.  A 4-layer scan of GeGLU MLPs (CPU,
+        jax 0.10.2, nothing_saveable on the body, benchmarks/results/scan_barriers.md): 14.38 MiB
+        with barriers and 21.38 without (no remat 21.63) at `unroll=4`, 19.76 and 22.51 at
+        `unroll=2`, 18.26 and 18.39 at `unroll=1`."""
         return self.primitive == "scan" and int(self.params.get("unroll", 1)) > 1
 
 
