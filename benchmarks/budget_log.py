@@ -10,6 +10,7 @@ progress line is printed with the seconds since that budget's planning began:
     .venv/bin/python benchmarks/budget_log.py --root /tmp/old   # another checkout's planner
     .venv/bin/python benchmarks/budget_log.py --only mix         # the budgets whose label has "mix"
     .venv/bin/python benchmarks/budget_log.py --model llama1b --layout fsdp_tp   # sharded.py's
+    .venv/bin/python benchmarks/budget_log.py --model llama8b_scan --layout fsdp --budget 557.58  # one budget
 
 Writes nothing.
 """
@@ -25,6 +26,8 @@ from _common import checkout_args
 
 def _options(ap) -> None:
     ap.add_argument("--only", default="", help="plan only at the hand-written plans whose label contains this")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="GiB: plan at this budget alone, not at the hand-written plans' peaks")
     ap.add_argument("--layout", default=None, choices=("fsdp", "fsdp_tp"),
                     help="sharded.py's layout on its 8-device host mesh (models llama1b, llama8b_scan)")
 
@@ -45,8 +48,8 @@ def main(argv=None) -> int:
         args, shardings = sharded.sharded(a.layout, *args)
         return fn, args, {"in_shardings": shardings}
 
-    budgets = []
-    for label, pols, cse in realscale.hand_variants(a.model)[1:]:
+    budgets = [] if a.budget is None else [(int(a.budget * 2**30), f"--budget {a.budget}")]
+    for label, pols, cse in realscale.hand_variants(a.model)[1:] if a.budget is None else ():
         # a scan's prevent_cse=False variants compile to the same peaks (realscale.md)
         if cse and a.only in label:
             fn, args, _ = model(pols, cse)
