@@ -47,7 +47,6 @@ def main(argv=None) -> int:
     from autoremat import _search
     from autoremat._optimize import plan_for
 
-    realscale.BUILDERS.update(_unseen.BUILDERS)
     realscale.scale_batches(a.batch_scale)
     _unseen.scale_batches(a.batch_scale)
     from autoremat.runtime._validate import compiled_stats

@@ -21,7 +21,6 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import realscale  # noqa: E402  (sets XLA:CPU's flags before JAX starts)
 from _common import models_run, write_results  # noqa: E402
-from _unseen import BUILDERS as UNSEEN  # noqa: E402
 
 from autoremat.runtime._validate import compiled_stats  # noqa: E402
 
@@ -67,7 +66,6 @@ def run_model(name: str, say, lines: list) -> None:
 
 def main(argv=None) -> int:
     models = ("llama", "gpt", "equinox", "encdec")
-    realscale.BUILDERS.update(UNSEEN)
     a, say, t0 = models_run(__doc__.split("\n")[0], models, "mix_shapes.md", argv)
     about = ("Compiled peak = argument + output + temp - alias of the compiled `value_and_grad` step; +TFLOP = "
              "its matmul FLOPs over no remat (recomputation included). 'alternating a / b': policy a on the "

@@ -33,9 +33,6 @@ autoremat.configure_cpu_flags()
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import realscale  # noqa: E402
-from _unseen import BUILDERS as UNSEEN  # noqa: E402
-
-realscale.BUILDERS.update(UNSEEN)
 
 import jax  # noqa: E402
 

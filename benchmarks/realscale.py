@@ -50,6 +50,7 @@ import jax.numpy as jnp  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import expected_cell, provenance  # noqa: E402
 from _thirdparty import BUILDERS, DEC, RESNET  # noqa: E402
+from _unseen import BUILDERS as UNSEEN  # noqa: E402
 
 from autoremat._errors import InfeasibleBudgetError  # noqa: E402
 from autoremat._optimize import plan_for  # noqa: E402
@@ -145,6 +146,8 @@ def make_model(name: str, policies=None, prevent_cse: bool = True, n_layers: int
     `n_layers`: another depth than the family's."""
     if name in BUILDERS:  # written with a third-party library (`_thirdparty.py`)
         return BUILDERS[name](policies, prevent_cse)
+    if name in UNSEEN:  # unseen.py's (`_unseen.py`), for the scripts that replay them
+        return UNSEEN[name](policies, prevent_cse)
     family, scan = name.removesuffix("_scan"), name.endswith("_scan")
     layer_fn, L, D, H, F, V, S, B, shapes = FAMILIES[family]
     L = L if n_layers is None else n_layers

@@ -66,7 +66,6 @@ LAYOUTS = {"fsdp": ((8, 1), "8 devices, FSDP"), "fsdp_tp": ((4, 2), "4 x 2 devic
 COLUMN = {"wq", "wk", "wv", "wg", "wu", "head"}  # split by output column over "model"
 ROW = {"wo", "wd"}  # split by input row over "model"
 GENERIC = set(_unseen.BUILDERS)  # `_unseen.py`'s models: weights split by `_largest_split`, FSDP only
-realscale.BUILDERS.update(_unseen.BUILDERS)
 
 
 def _spec(name: str, ndim: int, stacked: bool, tp: bool) -> P:

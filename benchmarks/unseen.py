@@ -59,7 +59,6 @@ def main(argv=None) -> int:
                                 text=True).stdout.strip()
         script += f" --root {ROOT}"
         say(f"planning with the autoremat of {ROOT} ({commit})")
-    realscale.BUILDERS.update(BUILDERS)
     body: list[str] = []
     about = ("Columns as in realscale.md: compiled peak = argument + output + temp - alias of the compiled "
              "`value_and_grad` step; +TFLOP = the step's jaxpr FLOPs over no remat; 'vs hand': whether autoremat "
