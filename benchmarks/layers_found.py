@@ -2,11 +2,13 @@
 
 A change to layer finding changes which per-layer hand policies the planner compiles and which
 per-layer options it measures; this table says whether a change touched any benchmark model
-(the first and last layers' top-level equations `[start, stop)` show where the cuts fall).
+(the first and last layers' top-level equations `[start, stop)` show where the cuts fall, a digest
+of every layer's span whether any other moved).
 
     .venv/bin/python benchmarks/layers_found.py   # -> benchmarks/results/layers_found.md
 """
 
+import hashlib
 import os
 import sys
 import time
@@ -29,22 +31,28 @@ def _models():
     for name in ("mlp_chain", "transformer", "transformer_scan", "convnet"):
         ex = get_example(name)
         yield f"examples.{name}", ex.fn, ex.args
-    for name in ("llama", "gpt", "llama_scan", "gpt_scan", *realscale.BUILDERS):
+    for name in ("llama", "gpt", "llama_scan", "gpt_scan", *realscale.BUILDERS, *realscale.UNSEEN):
         loss, args, _, _ = realscale.make_model(name)
         yield f"realscale {name}", loss, args
+
+
+def _digest(layers) -> str:
+    """Eight hex digits of every layer's `[start, stop)`: a change to any cut, not only the
+    first and last, shows."""
+    return hashlib.sha256(repr([(la.start, la.stop) for la in layers]).encode()).hexdigest()[:8]
 
 
 def main() -> int:
     t0 = time.perf_counter()
     rows = ["| model | top-level equations | layers found | equations per layer | distinct keys | "
-            "first and last layer |", "|---|---:|---:|---|---:|---|"]
+            "first and last layer | every layer's span (digest) |", "|---|---:|---:|---|---:|---|---|"]
     for label, fn, args in _models():
         g = graph_from_traced(trace(fn, args, skip_integer_leaves=False))
         layers = find_layers(g)
         widths = sorted({layer.stop - layer.start for layer in layers})
         ends = ", ".join(f"{la.start}-{la.stop}" for la in (layers[:1] + layers[1:][-1:]))
         rows.append(f"| {label} | {len(g.ops)} | {len(layers)} | {', '.join(map(str, widths)) or '-'} | "
-                    f"{len({layer.key for layer in layers})} | {ends or '-'} |")
+                    f"{len({layer.key for layer in layers})} | {ends or '-'} | {_digest(layers)} |")
         print(rows[-1], flush=True)
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "layers_found.md")
     with open(out, "w") as f:

@@ -626,6 +626,42 @@ def test_find_layers_cuts_where_the_users_modules_do():
     assert [la.stop for la in layers] == [scopes.index(f"Block_{k}") for k in range(1, 4)] + [
         len(scopes) - scopes[::-1].index("Block_3")]
 
+def test_a_block_unlike_the_rest_is_cut_at_its_modules_edges():
+    """penzai's decoder: its first block reads the embedding in another layout (a transpose
+    more), so it is a layer that does not repeat.  Cut at the fewest bytes it reached back to the
+    function's start, over the embedding lookup and its scaling (nothing computed is live
+    there), where a person checkpoints the block alone; under FSDP that compiled 64 bytes over
+    the person's (benchmarks/results/sharded_penzai.md).  It starts and ends with its module,
+    though a position table made before it is live across its start."""
+    import jax
+    import jax.numpy as jnp
+
+    from autoremat.graph import build_graph
+    from autoremat.graph._layers import find_layers
+
+    def block(h, w, pos, t=lambda x: x):  # t: what the first block does to read its input
+        return t(h) + jnp.tanh((t(h) + pos[:, None]) @ w[0]) @ w[1]
+
+    def loss(p, tokens):
+        pos = jnp.arange(tokens.shape[0], dtype=jnp.float32)
+        h = p["embed"].T[:, tokens]  # [d, seq]: the first block reads it transposed
+        with jax.named_scope("scale"):
+            h = h * 2.0
+        with jax.named_scope("Block_0"):
+            h = block(h, p["w"][0], pos, jnp.transpose)
+        for k, w in enumerate(p["w"][1:], 1):
+            with jax.named_scope(f"Block_{k}"):
+                h = block(h, w, pos)
+        return jnp.mean(h @ p["embed"].T)
+
+    p = {"embed": jnp.ones((32, 16)), "w": [jnp.ones((2, 16, 16)) for _ in range(4)]}
+    g = build_graph(loss, p, jnp.zeros((8,), jnp.int32))
+    scopes = [g.values[op.outputs[0]].scope.split("/")[0] for op in g.ops.values()]
+    layers = find_layers(g)
+    assert len(layers) == 4 and layers[0].key != layers[1].key
+    assert [set(scopes[la.start:la.stop]) for la in layers] == [{f"Block_{k}"} for k in range(4)]
+
+
 _TP_SCRIPT = textwrap.dedent("""
     import json
     import jax, jax.numpy as jnp

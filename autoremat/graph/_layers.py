@@ -170,48 +170,87 @@ def _one_off_layers(g: Graph, matmuls: np.ndarray, order: list, gaps) -> list[tu
     least two matmuls or convs (`matmuls`: per equation).  A ResNet stage's first bottleneck
     (a projection shortcut, so unlike the rest: ResNet-50 gave 12 of its 16 blocks without
     this) is one; a lone matmul (a head, a stem conv) is what people leave outside their
-    per-layer checkpoints."""
-    lives = _lifetimes(g)
+    per-layer checkpoints.  A piece's edges are its user's module's where they can be
+    (`_heavy_pieces`)."""
+    ops = list(g.ops.values())
+    const, lives, modules = _constant(g, ops), _lifetimes(g), _modules(g, ops)
     out = []
     for a, b in gaps:
         if matmuls[a:b].sum() < 2:
             continue
-        count = np.zeros(b - a + 2, dtype=np.int64)  # values live across cut c (before op c), c in [a, b]
+        # values live across cut c (before op c), c in [a, b]: all, and those made from constants
+        count, made = np.zeros((2, b - a + 2), dtype=np.int64)
         for p, last, _ in lives:
-            if p < a and last >= b:
-                continue  # live across the whole gap
             lo, hi = max(p + 1, a), min(last, b)
-            if lo <= hi:
-                count[lo - a] += 1
-                count[hi - a + 1] -= 1
-        cuts = [a + int(c) for c in np.flatnonzero(np.cumsum(count)[:b - a + 1] <= 1)]
-        out += _heavy_pieces(matmuls, order, sorted(set(cuts) | {a, b}))
+            if lo <= hi and not (p < a and last >= b):  # not live across the whole gap
+                for arr in (count, made) if const[p] else (count,):
+                    arr[lo - a] += 1
+                    arr[hi - a + 1] -= 1
+        count, made = np.cumsum(count)[:b - a + 1], np.cumsum(made)[:b - a + 1]
+        cuts = sorted({a + int(c) for c in np.flatnonzero(count <= 1)} | {a, b})
+        # a module's edge may also have a constant (a position table) crossing it
+        edges = {a + int(c) for c in np.flatnonzero(count - made <= 1)} | {a, b}
+        out += _heavy_pieces(matmuls, order, cuts, lambda i, step: _module_edge(modules, i, step, edges, matmuls))
     return out
 
 
-def _heavy_pieces(matmuls: np.ndarray, order: list, cuts: list[int]) -> list[tuple[int, int]]:
-    """The pieces between consecutive cuts with at least two matmuls, each reaching from the
-    best cut (`order`: fewest crossing bytes, then the user's module boundary, then the
-    earliest) since the last matmul before it to the best cut before the next matmul: where the
-    repeated layers start too (`_find_runs`).  A ResNet stage's first block then opens and closes
-    with the activation its module does (left between two regions, that activation was an extra
-    equation outside every region), and starts after the stem's pooling, not before it (4x fewer
-    bytes)."""
+def _heavy_pieces(matmuls: np.ndarray, order: list, cuts: list[int], module_edge) -> list[tuple[int, int]]:
+    """The pieces between consecutive cuts with at least two matmuls, each reaching from where
+    the user's module holding its first matmul starts to where the one holding its last ends
+    (`module_edge`, `_module_edge`); where there is no such module, from the best cut since the
+    last matmul before it to the best before the next one (`order`: fewest crossing bytes, then
+    the user's module boundary, then the earliest), where the repeated layers start too
+    (`_find_runs`).  A ResNet stage's first block then opens and closes with the activation its
+    module does (left between two regions, that activation was an extra equation outside every
+    region), and starts after the stem's pooling, not before it (4x fewer bytes).  The module
+    comes first because the per-layer plans stand for what a person writes, a checkpoint per
+    module: penzai's first decoder block (unlike the rest: named axes transposed), cut at the
+    fewest bytes, took in the embedding lookup and its scaling, and under FSDP
+    `nothing_saveable` on it compiled 64 bytes over the same policy on penzai's block (cut at the
+    block: equal; benchmarks/results/sharded_penzai.md)."""
     best = lambda cs: min(cs, key=lambda c: (order[c], c))
+    heavy = np.flatnonzero(matmuls)
     out, opened, start = [], [], None  # opened: cuts since the last piece with a matmul
     for x, y in zip(cuts, cuts[1:]):
         opened.append(x)
         n = matmuls[x:y].sum()
         if n and start is not None:
-            out.append((start, best(opened)))
+            out.append((start[0], module_edge(heavy[heavy < start[1]][-1], 1) or best(opened)))
             start = None
         if n >= 2:
-            start = best(opened)
+            edge = module_edge(heavy[heavy >= x][0], -1)
+            start = (edge if edge is not None and edge >= (out[-1][1] if out else 0) else best(opened), y)
         if n:
             opened = []
     if start is not None:
-        out.append((start, best(opened + cuts[-1:])))
+        opened += cuts[-1:]
+        out.append((start[0], module_edge(heavy[heavy < start[1]][-1], 1) or best(opened)))
     return out
+
+
+def _modules(g: Graph, ops: list[OpInfo]) -> list[tuple[str, ...]]:
+    """Per equation: the user's modules it is in, outermost first, from JAX's name stack
+    (`Net/Block_0/Dense_1` -> `Net`, `Net/Block_0`, `Net/Block_0/Dense_1`; transformations such
+    as `vmap(...)` are not modules)."""
+    out = []
+    for op in ops:
+        parts = [p for p in _scope(g, op).split("/") if p and "(" not in p]
+        out.append(tuple("/".join(parts[:k + 1]) for k in range(len(parts))))
+    return out
+
+
+def _module_edge(modules: list[tuple[str, ...]], i: int, step: int, edges: set[int], matmuls: np.ndarray) -> int | None:
+    """Where the outermost module holding equation `i` starts (`step` -1) or ends (1), of those
+    that do so at one of `edges` and with no other matmul between it and `i`; None if none."""
+    for m in modules[i]:
+        j = i
+        while 0 <= j + step < len(modules) and m in modules[j + step]:
+            j += step
+        edge = j if step < 0 else j + 1
+        between = matmuls[edge:i] if step < 0 else matmuls[i + 1:edge]
+        if edge in edges and not between.any():
+            return int(edge)
+    return None
 
 
 def cut_levels(g: Graph) -> list[float]:
