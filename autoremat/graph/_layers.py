@@ -19,7 +19,9 @@ measurements (`runtime/_measure.py`) need to know where the layers are and which
   one where the user's modules change (JAX's name stack, `cut_levels`); then the earliest.
 * **Layers that do not repeat.**  Between the stacks, the pieces cut on the residual stream that
   hold two or more matmuls or convs (a ResNet stage's first block, with its projection
-  shortcut); a lone matmul (stem, head) is left outside.  A model where nothing repeats (a
+  shortcut), each from where the user's module holding its first matmul starts to where the
+  one holding its last ends (as a person checkpoints it), where the name stack has one; a lone
+  matmul (stem, head) is left outside.  A model where nothing repeats (a
   U-Net whose blocks all differ in width) gets no layers: its plans are the chain solver's.
 * **Which layers are the same.**  The layers' dataflow subgraphs are hashed with networkx's
   Weisfeiler-Lehman graph hash (node labels: primitive and types; inputs from outside the
