@@ -742,8 +742,10 @@ _SHARDED_SCAN_SCRIPT = textwrap.dedent("""
     g = build_graph(loss, w, embed, tokens)
     scan = next(op for op in g.ops.values() if op.primitive == "scan")
     body = scan.bodies[0]
+    stacked = sum(body.values[v].nbytes for v in body.residual_values() if body.values[v].producer is not None) * L
     print("RESULT" + json.dumps({"scan": scan.cost.flops, "share": g.device_share(),
-                                 "body": sum(op.cost.flops for op in body.ops.values()) * L}))
+                                 "body": sum(op.cost.flops for op in body.ops.values()) * L,
+                                 "none": scan.extra_residual_bytes, "stacked": stacked}))
 """)
 
 
@@ -754,6 +756,23 @@ def test_a_sharded_scan_bodys_work_is_split_like_the_scan():
     85 of 101), and with their work counted whole the body came to 2.2x the scan's per-device
     FLOPs here (1.86x at 8B, where then no plan of the solver could beat a policy by FLOPs:
     `graph._graph._build`'s `body`)."""
-    out = _on_8_host_devices(_SHARDED_SCAN_SCRIPT)
+    out = _sharded_scan()
     assert out["share"] == pytest.approx(1 / 8, rel=0.01)
     assert out["body"] == pytest.approx(out["scan"], rel=0.01)
+
+
+def test_a_sharded_scans_residuals_are_split_like_their_stacks():
+    """Without remat a scan keeps JAX's stacked residuals (its linearization's, counted whole):
+    per device they are split as XLA lays out its body values' stacks, not as the scan's carry
+    (8 ways under FSDP).  Split like the carry, the 8B scan of benchmarks/sharded.py kept 130.5
+    GiB a device in the model where it compiled to 1.51 TiB, and at the budget between
+    `dots_with_no_batch_dims_saveable` and `dots_saveable` the solver's first plan was no remat
+    (docs/FINDINGS.md, twenty-fourth session).  Here they come to 1.13x its body's residual
+    values stacked (JAX's linearization keeps a few more), where split like the carry 0.17x."""
+    out = _sharded_scan()
+    assert 0.8 < out["none"] / out["stacked"] < 1.5
+
+
+@functools.lru_cache(maxsize=1)
+def _sharded_scan() -> dict:
+    return _on_8_host_devices(_SHARDED_SCAN_SCRIPT)

@@ -308,13 +308,14 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
                          per_body.get(idx))
         cost = _per_device_cost(eqn, max([*outs_wdiv, *in_wdv], default=1.0))
         dtype = str(eqn.outvars[0].aval.dtype) if eqn.outvars and hasattr(eqn.outvars[0].aval, "dtype") else "float32"
+        extra_div = _stack_divisor(bodies[0]) if eqn.primitive.name == "scan" and bodies else out_div
         ops[oid] = OpInfo(
             id=oid, index=idx, primitive=primitive_label(eqn),
             inputs=tuple(x for x in in_ids if x is not None), outputs=tuple(out_ids), cost=cost,
             time=prof.op_time(cost, dtype), multiplicity=multiplicity, source=src,
             residual_inputs=tuple(dict.fromkeys(x for x, r in zip(in_ids, res.inputs) if r and x is not None)),
             residual_outputs=tuple(x for x, r in zip(out_ids, res.outputs) if r),
-            extra_residual_bytes=int(res.extra_bytes / out_div) if out_div > 1 else res.extra_bytes,
+            extra_residual_bytes=int(res.extra_bytes / extra_div) if extra_div > 1 else res.extra_bytes,
             bodies=bodies, params=_op_params(eqn))
 
     for vid, name in named_alias.items():
@@ -322,6 +323,21 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
             values[vid] = _replace(values[vid], name=name)
     outputs = tuple(var_id[id(v)] for v in jaxpr.outvars if not isinstance(v, jex.core.Literal))
     return Graph(values, ops, tuple(inputs), outputs, prof, prefix)
+
+
+def _stack_divisor(body: Graph) -> float:
+    """How many ways a scan's stacked residuals are split, on average by bytes: as XLA lays out
+    the stacks of its body's residual values (`propagated_divisors`).  The scan's own outputs'
+    split said 8 under the 8B decoder's FSDP, where XLA keeps 85 of its 101 body stacks whole: no
+    remat came to 130.5 GiB a device in the model and compiled to 1.51 TiB (benchmarks/sharded.py,
+    docs/FINDINGS.md, twenty-fourth session)."""
+    whole = split = 0
+    for v in body.residual_values():
+        info = body.values[v]
+        if info.producer is not None and info.dtype != "token":
+            whole += int(np.prod(info.shape)) * np.dtype(info.dtype).itemsize
+            split += info.nbytes
+    return whole / split if split else 1.0
 
 
 def _per_device_cost(eqn, work_div: float):
