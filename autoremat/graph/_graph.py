@@ -308,14 +308,13 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
                          per_body.get(idx))
         cost = _per_device_cost(eqn, max([*outs_wdiv, *in_wdv], default=1.0))
         dtype = str(eqn.outvars[0].aval.dtype) if eqn.outvars and hasattr(eqn.outvars[0].aval, "dtype") else "float32"
-        extra_div = _stack_divisor(bodies[0]) if eqn.primitive.name == "scan" and bodies else out_div
         ops[oid] = OpInfo(
             id=oid, index=idx, primitive=primitive_label(eqn),
             inputs=tuple(x for x in in_ids if x is not None), outputs=tuple(out_ids), cost=cost,
             time=prof.op_time(cost, dtype), multiplicity=multiplicity, source=src,
             residual_inputs=tuple(dict.fromkeys(x for x, r in zip(in_ids, res.inputs) if r and x is not None)),
             residual_outputs=tuple(x for x, r in zip(out_ids, res.outputs) if r),
-            extra_residual_bytes=int(res.extra_bytes / extra_div) if extra_div > 1 else res.extra_bytes,
+            extra_residual_bytes=_per_device_extras(res.extra_bytes, eqn, bodies, out_div),
             bodies=bodies, params=_op_params(eqn))
 
     for vid, name in named_alias.items():
@@ -323,6 +322,14 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
             values[vid] = _replace(values[vid], name=name)
     outputs = tuple(var_id[id(v)] for v in jaxpr.outvars if not isinstance(v, jex.core.Literal))
     return Graph(values, ops, tuple(inputs), outputs, prof, prefix)
+
+
+def _per_device_extras(nbytes: int, eqn, bodies, out_div: float) -> int:
+    """One device's share of the `nbytes` an equation's linearization makes beyond its inputs and
+    outputs (`EqnResiduals.extra_bytes`): split like its outputs; a scan's, its stacked
+    residuals, like its body's residual values' stacks (`_stack_divisor`)."""
+    div = _stack_divisor(bodies[0]) if eqn.primitive.name == "scan" and bodies else out_div
+    return int(nbytes / div) if div > 1 else nbytes
 
 
 def _stack_divisor(body: Graph) -> float:
