@@ -626,6 +626,7 @@ def test_find_layers_cuts_where_the_users_modules_do():
     assert [la.stop for la in layers] == [scopes.index(f"Block_{k}") for k in range(1, 4)] + [
         len(scopes) - scopes[::-1].index("Block_3")]
 
+
 def test_a_block_unlike_the_rest_is_cut_at_its_modules_edges():
     """penzai's decoder: its first block reads the embedding in another layout (a transpose
     more), so it is a layer that does not repeat.  Cut at the fewest bytes it reached back to the

@@ -75,6 +75,15 @@ class ValueInfo:
     def type_str(self) -> str:
         return f"{np.dtype(self.dtype).name if self.dtype != 'key' else 'key'}{list(self.shape)}"
 
+    @property
+    def whole_bytes(self) -> int:
+        """Bytes of the whole value, every device's piece together (`nbytes` where its dtype has
+        no item size: PRNG keys, tokens)."""
+        try:
+            return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        except TypeError:
+            return self.nbytes
+
 
 @dataclass(frozen=True)
 class OpInfo:
@@ -338,13 +347,9 @@ def _stack_divisor(body: Graph) -> float:
     split said 8 under the 8B decoder's FSDP, where XLA keeps 85 of its 101 body stacks whole: no
     remat came to 130.5 GiB a device in the model and compiled to 1.51 TiB (benchmarks/sharded.py,
     docs/FINDINGS.md, twenty-fourth session)."""
-    whole = split = 0
-    for v in body.residual_values():
-        info = body.values[v]
-        if info.producer is not None and info.dtype != "token":
-            whole += int(np.prod(info.shape)) * np.dtype(info.dtype).itemsize
-            split += info.nbytes
-    return whole / split if split else 1.0
+    made = [body.values[v] for v in body.residual_values() if body.values[v].producer is not None]
+    split = sum(info.nbytes for info in made)
+    return sum(info.whole_bytes for info in made) / split if split else 1.0
 
 
 def _per_device_cost(eqn, work_div: float):

@@ -26,7 +26,6 @@ import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-import numpy as np
 from tabulate import tabulate
 
 from autoremat._units import format_bytes as _format_bytes
@@ -317,12 +316,8 @@ def _divisors(traced: Traced, residuals: list[FunctionResidual], profile) -> lis
 
     g = graph_from_traced(traced, profile=profile)
 
-    def div(v) -> float:
-        try:
-            full = math.prod(v.shape) * np.dtype(v.dtype).itemsize
-        except TypeError:  # PRNG keys, tokens: never sharded in a way that matters here
-            return 1.0
-        return full / v.nbytes if v.nbytes else 1.0
+    def div(v) -> float:  # PRNG keys, tokens: 1 (never sharded in a way that matters here)
+        return v.whole_bytes / v.nbytes if v.nbytes else 1.0
 
     keys: dict[tuple, float] = {}
     for v in g.values.values():
