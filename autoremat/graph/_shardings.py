@@ -33,7 +33,8 @@ def propagated_divisors(t: Traced) -> dict[tuple, float]:
     """`{(equation, output): factor}` for the top-level values of `t`'s jaxpr, and `{(scan
     equation, body equation, output): factor}` for the values of top-level scans' bodies: how
     many pieces XLA splits each into (1.0 replicated; a body value's as XLA lays out its stack
-    over the iterations, which may be whole where the body's work is split); empty when no
+    over the iterations, which may be whole where the body's work is split, or, where the scan is
+    unrolled entirely, one iteration's value, as there are no stacks); empty when no
     argument is sharded or the forward pass does not compile on its own (callers then fall back
     to their own estimate)."""
     shardings = [concrete_sharding(s) for s in (t.in_shardings or ())]
@@ -82,12 +83,14 @@ def _forward_exposing(closed, flat) -> tuple[list, list, list]:
     for i, eqn in enumerate(jaxpr.eqns):
         invals = [read(v) for v in eqn.invars]
         if eqn.primitive.name == "scan":
-            outs, inner = _scan_exposing(eqn, invals)
+            unrolled = int(eqn.params.get("unroll", 1)) >= int(eqn.params["length"]) > 1
+            outs, inner = _scan_exposing(eqn, invals, last=unrolled)
             for (k, j), (aval, x) in inner.items():
                 values.append(x)
-                # the stack's aval: its layout read with one iteration's shape said every body
+                # a stack's aval: its layout read with one iteration's shape said every body
                 # value of the 8B scan under FSDP was whole (shard_shape refuses another rank)
-                where.append(((i, k, j), aval.update(shape=(eqn.params["length"], *aval.shape))))
+                stacked = aval.update(shape=(eqn.params["length"], *aval.shape))
+                where.append(((i, k, j), aval if unrolled else stacked))
         else:
             outs = eval_eqn(eqn, invals)
         for j, (v, x) in enumerate(zip(eqn.outvars, outs)):
@@ -98,9 +101,10 @@ def _forward_exposing(closed, flat) -> tuple[list, list, list]:
     return [read(v) for v in jaxpr.outvars], values, where
 
 
-def _scan_exposing(eqn, invals) -> tuple[list, dict]:
+def _scan_exposing(eqn, invals, last: bool = False) -> tuple[list, dict]:
     """The scan of `eqn`, also returning its body's splittable values as stacked outputs:
-    `(outputs, {(body equation, output): (per-iteration aval, stacked value)})`."""
+    `(outputs, {(body equation, output): (per-iteration aval, stacked value)})`; with `last` (a
+    scan unrolled entirely), one iteration's values instead (`_unrolled_exposing`)."""
     body = eqn.params["jaxpr"]
     n_consts, n_carry = scan_counts(eqn.params)
     consts, init, xs = invals[:n_consts], invals[n_consts:n_consts + n_carry], invals[n_consts + n_carry:]
@@ -117,9 +121,31 @@ def _scan_exposing(eqn, invals) -> tuple[list, dict]:
         outs = eval_jaxpr(body.jaxpr, body.consts, [*consts, *carry, *x], inline=False, on_eqn=keep)
         return outs[:n_carry], (outs[n_carry:], [got[p] for p, _ in picks])
 
+    if last:
+        return _unrolled_exposing(step, list(init), list(xs), eqn.params, picks)
     carry, (ys, inner) = jax.lax.scan(step, list(init), list(xs), length=eqn.params["length"],
                                       reverse=eqn.params["reverse"])
     return [*carry, *ys], {p: (aval, x) for (p, aval), x in zip(picks, inner)}
+
+
+def _unrolled_exposing(step, carry, xs, params, picks) -> tuple[list, dict]:
+    """A scan unrolled entirely (`unroll` at least its length, as penzai's `LayerStack` scans),
+    evaluated iteration by iteration as XLA sees it: its body's values exposed as the middle
+    iteration's, not stacked.  Stacked as outputs, XLA laid out 119 of penzai's 159 body values
+    whole under FSDP (its attention scores 1 GiB a device each), and the model put
+    `dots_saveable` on the body at 38.52 GiB a device where it compiles to 14.09; one iteration's
+    split 112 of them 8 ways.  On a rolled scan the stacks' layouts are the program's: the 8B
+    decoder keeps 85 of its 101 whole (docs/FINDINGS.md, twenty-third and twenty-fourth sessions)."""
+    length = int(params["length"])
+    order = range(length - 1, -1, -1) if params["reverse"] else range(length)
+    ys_at, mid = {}, None
+    for t in order:
+        carry, (ys, inner) = step(carry, [a[t] for a in xs])
+        ys_at[t] = ys
+        if t == length // 2:
+            mid = inner
+    ys = [jax.numpy.stack([ys_at[t][k] for t in range(length)]) for k in range(len(ys_at[0]))]
+    return [*carry, *ys], {p: (aval, x) for (p, aval), x in zip(picks, mid)}
 
 
 def _splittable(aval) -> bool:
