@@ -83,14 +83,14 @@ def _forward_exposing(closed, flat) -> tuple[list, list, list]:
     for i, eqn in enumerate(jaxpr.eqns):
         invals = [read(v) for v in eqn.invars]
         if eqn.primitive.name == "scan":
-            unrolled = int(eqn.params.get("unroll", 1)) >= int(eqn.params["length"]) > 1
-            outs, inner = _scan_exposing(eqn, invals, last=unrolled)
+            whole_unroll = int(eqn.params.get("unroll", 1)) >= int(eqn.params["length"]) > 1  # no stacks
+            outs, inner = _scan_exposing(eqn, invals, last=whole_unroll)
             for (k, j), (aval, x) in inner.items():
                 values.append(x)
                 # a stack's aval: its layout read with one iteration's shape said every body
                 # value of the 8B scan under FSDP was whole (shard_shape refuses another rank)
                 stacked = aval.update(shape=(eqn.params["length"], *aval.shape))
-                where.append(((i, k, j), aval if unrolled else stacked))
+                where.append(((i, k, j), aval if whole_unroll else stacked))
         else:
             outs = eval_eqn(eqn, invals)
         for j, (v, x) in enumerate(zip(eqn.outvars, outs)):
