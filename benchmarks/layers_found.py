@@ -39,7 +39,7 @@ def _models():
 def _digest(layers) -> str:
     """Eight hex digits of every layer's `[start, stop)`: a change to any cut, not only the
     first and last, shows."""
-    return hashlib.sha256(repr([(la.start, la.stop) for la in layers]).encode()).hexdigest()[:8]
+    return hashlib.sha256(repr([(int(la.start), int(la.stop)) for la in layers]).encode()).hexdigest()[:8]
 
 
 def main() -> int:
