@@ -84,7 +84,7 @@ def _forward_exposing(closed, flat) -> tuple[list, list, list]:
         invals = [read(v) for v in eqn.invars]
         if eqn.primitive.name == "scan":
             whole_unroll = int(eqn.params.get("unroll", 1)) >= int(eqn.params["length"]) > 1  # no stacks
-            outs, inner = _scan_exposing(eqn, invals, last=whole_unroll)
+            outs, inner = _scan_exposing(eqn, invals, per_iteration=whole_unroll)
             for (k, j), (aval, x) in inner.items():
                 values.append(x)
                 # a stack's aval: its layout read with one iteration's shape said every body
@@ -101,10 +101,11 @@ def _forward_exposing(closed, flat) -> tuple[list, list, list]:
     return [read(v) for v in jaxpr.outvars], values, where
 
 
-def _scan_exposing(eqn, invals, last: bool = False) -> tuple[list, dict]:
+def _scan_exposing(eqn, invals, per_iteration: bool = False) -> tuple[list, dict]:
     """The scan of `eqn`, also returning its body's splittable values as stacked outputs:
-    `(outputs, {(body equation, output): (per-iteration aval, stacked value)})`; with `last` (a
-    scan unrolled entirely), one iteration's values instead (`_unrolled_exposing`)."""
+    `(outputs, {(body equation, output): (per-iteration aval, stacked value)})`; with
+    `per_iteration` (a scan unrolled entirely), one iteration's values instead
+    (`_unrolled_exposing`)."""
     body = eqn.params["jaxpr"]
     n_consts, n_carry = scan_counts(eqn.params)
     consts, init, xs = invals[:n_consts], invals[n_consts:n_consts + n_carry], invals[n_consts + n_carry:]
@@ -121,7 +122,7 @@ def _scan_exposing(eqn, invals, last: bool = False) -> tuple[list, dict]:
         outs = eval_jaxpr(body.jaxpr, body.consts, [*consts, *carry, *x], inline=False, on_eqn=keep)
         return outs[:n_carry], (outs[n_carry:], [got[p] for p, _ in picks])
 
-    if last:
+    if per_iteration:
         return _unrolled_exposing(step, list(init), list(xs), eqn.params, picks)
     carry, (ys, inner) = jax.lax.scan(step, list(init), list(xs), length=eqn.params["length"],
                                       reverse=eqn.params["reverse"])
