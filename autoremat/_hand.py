@@ -29,20 +29,21 @@ included, scan bodies times their trip count), relative to the un-optimized step
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from autoremat._layer_options import fit_peak_line, policy_keeps, policy_layer_flops
+from autoremat._layer_options import fit_peak_line, name_presets, policy_keeps, policy_layer_flops
 from autoremat._units import format_bytes
 from autoremat.graph._graph import Graph
 from autoremat.graph._layers import Layer, layer_spans
 from autoremat.graph._trace import describe_eqn
 from autoremat.runtime._plan import Plan, Region, ScanPlan, ValueRecord
 
-__all__ = ["HAND_POLICIES", "HandPlan", "HandSearch", "layer_plan", "uniform_plans"]
+__all__ = ["HAND_POLICIES", "HandPlan", "HandSearch", "layer_plan", "maxtext_presets", "uniform_plans"]
 
 # JAX's built-in policies a person applies per layer, leanest first.
 HAND_POLICIES = ("nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_saveable")
+MAXTEXT = "maxtext "  # MaxText's presets as hand-written options: "maxtext minimal", ... (`uniform_plans`)
 _POLICIES = (None, *HAND_POLICIES)  # the options a person writes per layer (None: no remat)
 # The same, each storing in every layer what the one before it stores and more (no remat last).
 _NESTED = (*HAND_POLICIES, None)
@@ -62,6 +63,12 @@ AHEAD = 2
 # dots_with_no_batch_dims_saveable's peaks gave 0.22 GiB per layer, the compiled mixes 0.28;
 # secant steps then a bisection settle 18 layers within 5 compiles (log2 18 < 5).
 MAX_MIX_STEPS = 5
+# Mix compiles per budget of the pairs with one of MaxText's presets (`HandSearch.mix`; the pairs of
+# JAX's policies are not counted).  With seven presets on the tagged Llama 1B the pairs on the
+# front took up to 17 compiles at one budget (94 s); where a preset's mix won, it was the first to
+# third of them compiled (benchmarks/realscale.py --models llama_tags --planner-log, at the
+# presets' and the policies' peaks: results/presets.md).
+MAX_PRESET_MIXES = 4
 # A mix count whose peak, predicted as the faster policy's compiled peak less the chain model's
 # fall from n layers to k, is over the budget by more than this is not compiled.  That
 # prediction came out above the compiled peak once in 47 hand-written mixes of the four
@@ -125,10 +132,12 @@ def layer_plan(g: Graph, layers: Sequence[Layer], policies: Sequence, *,
         if pol is None:
             continue
         eqn = traced.jaxpr.eqns[layer.start]
-        if isinstance(pol, frozenset):
+        if layer.stop - layer.start == 1 and eqn.primitive.name == "scan":
+            sets = isinstance(pol, frozenset)
+            scans.append(ScanPlan(f"e{layer.start}", saved=pol if sets else frozenset(), policy="" if sets else pol,
+                                  prevent_cse=prevent_cse))
+        elif isinstance(pol, frozenset):
             regions.append(Region(layer.start, layer.stop, saved=pol, label=f"layer {k}: {len(pol)} saved"))
-        elif layer.stop - layer.start == 1 and eqn.primitive.name == "scan":
-            scans.append(ScanPlan(f"e{layer.start}", policy=pol, prevent_cse=prevent_cse))
         else:
             regions.append(Region(layer.start, layer.stop, policy=pol, label=f"layer {k}: {pol}"))
     return Plan(fingerprint=traced.fingerprint, n_eqns=len(traced.jaxpr.eqns), regions=tuple(regions),
@@ -161,16 +170,26 @@ def _records(g: Graph, layers: Sequence[Layer], policies: Sequence) -> dict[str,
     return out
 
 
-def uniform_plans(g: Graph, layers: Sequence[Layer], meta: dict | None = None) -> list[tuple[str, str, Plan]]:
-    """(policy, label, plan) of each of `HAND_POLICIES` on every layer; where a layer is a scan,
-    twice: with JAX's default barriers on its body and with `prevent_cse=False` (not where the
-    scan is unrolled: `OpInfo.unrolled`)."""
+def maxtext_presets(g: Graph, layers: Sequence[Layer]) -> dict[str, tuple[frozenset, ...]]:
+    """MaxText's presets on `layers` (`_layer_options.name_presets`), as `HandSearch.presets`."""
+    return {f"{MAXTEXT}{name}": sets for name, sets in name_presets(g, layers)}
+
+
+def uniform_plans(g: Graph, layers: Sequence[Layer], meta: dict | None = None,
+                  presets: Mapping[str, Sequence[frozenset]] | None = None) -> list[tuple[str, str, Plan]]:
+    """(policy, label, plan) of each of `HAND_POLICIES` on every layer, then of each of `presets`
+    ("maxtext <preset>" -> the values it saves per layer: `HandSearch.presets`, MaxText's presets
+    on layers tagged with its names); where a layer is a scan, twice: with
+    JAX's default barriers on its body and with `prevent_cse=False` (not where the scan is
+    unrolled: `OpInfo.unrolled`)."""
     n = len(layers)
     scans = any(g.traced.jaxpr.eqns[la.start].primitive.name == "scan" and not g.ops[f"e{la.start}"].unrolled
                 for la in layers)
-    return [(pol, f"{pol} per layer" + ("" if cse else " (scan bodies with prevent_cse=False)"),
-             layer_plan(g, layers, [pol] * n, meta=meta, prevent_cse=cse))
-            for pol in HAND_POLICIES for cse in ((True, False) if scans else (True,))]
+    options = [(pol, pol, [pol] * n) for pol in HAND_POLICIES]
+    options += [(pol, f"MaxText's {pol.removeprefix(MAXTEXT)}", list(sets)) for pol, sets in (presets or {}).items()]
+    return [(pol, f"{label} per layer" + ("" if cse else " (scan bodies with prevent_cse=False)"),
+             layer_plan(g, layers, per_layer, meta=meta, prevent_cse=cse))
+            for pol, label, per_layer in options for cse in ((True, False) if scans else (True,))]
 
 
 class HandSearch:
@@ -184,7 +203,8 @@ class HandSearch:
                  none: HandPlan, say: Callable[[str], None], meta: dict | None = None,
                  curve: Callable[[object, object], Sequence[int] | None] | None = None,
                  known: Callable[[str], HandPlan | None] | None = None,
-                 best_fit: Callable[[int], float] | None = None):
+                 best_fit: Callable[[int], float] | None = None,
+                 presets: Mapping[str, Sequence[frozenset]] | None = None):
         self.g, self.traced, self.layers, self.compile, self.say = g, g.traced, tuple(layers), compile, say
         self.meta = dict(meta or {})
         self.known = known or (lambda label: None)  # label -> the plan compiled already (an earlier budget)
@@ -204,6 +224,9 @@ class HandSearch:
         self.saved_bytes: dict[str, int] = {}  # option -> bytes it saves over the stack
         # option -> the matmul FLOPs each layer recomputes under it, as the region solver counts
         self.layer_flops: dict[str | None, tuple[float, ...]] = {None: (0.0,) * len(self.layers)}
+        # MaxText's presets the layers' tags support: "maxtext <preset>" -> its saved set per layer
+        # (`maxtext_presets`)
+        self.presets = dict(presets or {})
 
     def plan(self, policies: Sequence[str | None], label: str, ahead: Sequence[Sequence] = (),
              expected: float | None = None) -> HandPlan:
@@ -215,30 +238,51 @@ class HandSearch:
                             label, later)
 
     def uniform(self, plans: Sequence[tuple[str, str, Plan]], limit: int) -> None:
-        """`uniform_plans`' plans compiled, fastest policy first (scans: with and without
-        barriers), up to the first policy that fits `limit`: the leaner ones save a subset of
-        what it saves, so they recompute at least as much, and at 1B each costs a whole-step
-        compile (benchmarks/realscale.py, Llama at dots_saveable's peak: 5.5 s for it alone;
-        the three leanest-first, two at a time on this 2-core CPU, took 19.3 s)."""
+        """`uniform_plans`' plans compiled, fewest recomputed FLOPs first (`_fastest_first`; scans:
+        with and without barriers), up to the first of JAX's policies that fits `limit`: the rest
+        recompute at least as much, and at 1B each costs a whole-step compile
+        (benchmarks/realscale.py, Llama at dots_saveable's peak: 5.5 s for it alone; the three
+        leanest-first, two at a time on this 2-core CPU, took 19.3 s).  A MaxText preset that
+        fits does not end it: the leaner policies after it may still make better mixes.  On the
+        tagged Llama 1B, `save_out_proj` per layer compiles below `nothing_saveable`'s peak, yet
+        at the 9 + 9 `nothing_saveable` / `dots_with_no_batch_dims_saveable` mix's 10.72 GiB its
+        own mixes fit 7 layers of the faster policy where `nothing_saveable`'s fit 9
+        (benchmarks/results/presets.md)."""
         n = len(self.layers)
-        order = [p for tier in reversed(HAND_POLICIES) for p in plans if p[0] == tier]
+        order = self._fastest_first(plans)
         for i, (pol, label, plan) in enumerate(order):
             later = order[i + 1:i + 1 + AHEAD]
-            if not self._model_over(pol, limit):  # the leaner policies are compiled only if this one is over
+            if not self._model_over(pol, limit):  # the leaner ones are compiled only if this one is over
                 later = [q for q in later if q[0] == pol]  # a scan's other variant, compiled anyway
             got = self.compile(_expecting(plan, self._policy_expected(pol)), label, [q[2] for q in later])
             self.say(f"hand-written {label} ({n} layers): compiled {format_bytes(got.peak)}, "
                      f"+{got.extra_flops / 1e9:.4g} GFLOP")
             if pol not in self.points or got.peak < self.points[pol].peak:
-                self.points[pol] = got
-                self.choice[pol] = lambda k, pol=pol: pol
-                self.saved_bytes[pol] = sum(r.nbytes for r in got.plan.values.values() if r.decision == "save")
-                self.layer_flops[pol] = policy_layer_flops(self.g, self.layers, pol)
+                self._take(pol, got)
             last_of_tier = i + 1 == len(order) or order[i + 1][0] != pol
-            if last_of_tier and self.points[pol].peak <= limit and pol != HAND_POLICIES[0]:
-                self.say(f"{pol} per layer fits: the leaner policies save less, so recompute no less; "
-                         f"not compiled")
+            if last_of_tier and pol in HAND_POLICIES and self.points[pol].peak <= limit and i + 1 < len(order):
+                self.say(f"{pol} per layer fits: the rest save less, so recompute no less; not compiled")
                 return
+
+    def _fastest_first(self, plans: Sequence[tuple[str, str, Plan]]) -> list:
+        """`plans` by the matmul FLOPs their policy recomputes (`policy_layer_flops`), JAX's
+        policies first among equals.  Those nest (`nothing_saveable`'s saved set within
+        `dots_with_no_batch_dims_saveable`'s within `dots_saveable`'s), so they keep that order;
+        MaxText's presets fall between them (on a tagged Llama 1B layer, `minimal_with_context`
+        recomputes half of `dots_with_no_batch_dims_saveable`'s FLOPs and `save_out_proj` 0.91 of
+        `nothing_saveable`'s: benchmarks/results/presets.md)."""
+        tier = {pol: i for i, pol in enumerate(reversed(HAND_POLICIES))}
+        flops = {pol: sum(policy_layer_flops(self.g, self.layers, self.presets.get(pol, pol)))
+                 for pol in {p[0] for p in plans}}
+        return sorted(plans, key=lambda p: (flops[p[0]], p[0] not in tier, tier.get(p[0], 0)))
+
+    def _take(self, pol: str, got: HandPlan) -> None:
+        """`got`, the compiled plan of `pol` on every layer, as an option for the mixes."""
+        sets = self.presets.get(pol)
+        self.points[pol] = got
+        self.choice[pol] = (lambda k, pol=pol: pol) if sets is None else (lambda k, sets=sets: sets[k])
+        self.saved_bytes[pol] = sum(r.nbytes for r in got.plan.values.values() if r.decision == "save")
+        self.layer_flops[pol] = policy_layer_flops(self.g, self.layers, pol if sets is None else sets)
 
     def _policy_expected(self, pol: str) -> float | None:
         """`pol` on every layer's peak expected before compiling it: the compiled peak of the
@@ -364,8 +408,9 @@ class HandSearch:
         return False
 
     def mix(self, limit: int) -> HandPlan | None:
-        """The best two-option mix within `limit`, compiled.  The pairs tried: every pair of JAX
-        policies (or no remat) that brackets `limit`, of those on the front of compiled peak
+        """The best two-option mix within `limit`, compiled.  The pairs tried: every pair of
+        hand-written options (JAX's policies, no remat, MaxText's presets where the layers carry
+        its tags) that brackets `limit`, of those on the front of compiled peak
         against FLOPs (`_front`), and the pair with a solver's set predicted to recompute least.
         They are settled together, one compile at a time (`_next_move`): each compile is of the
         pair and count predicted to recompute least among the counts that could still beat the
@@ -384,33 +429,50 @@ class HandSearch:
         predicted well over and dropped uncompiled; the pair a person wrote never was, and
         autoremat returned +6.63 (gpu-h100-realscale-fill.md).  None if no mix fits and wins."""
         pairs, front = self._pairs(limit), self._front()
+        written = (*_POLICIES, *self.presets)
         policies = [p for p in pairs if p[1] in front and p[2] in front]
-        others = [p for p in pairs if not (p[1] in _POLICIES and p[2] in _POLICIES)]
+        others = [p for p in pairs if not (p[1] in written and p[2] in written)]  # with a solver's set
         tops = sorted([*policies, *others[:1]], key=lambda p: p[0])  # options may be None
         mixes = [_Pair(lean, fast, self._lean_floor(lean, limit), len(self.layers), self._first_line(lean, fast),
                        {0: self.points[lean].peak, len(self.layers): self.points[fast].peak},
                        lean_compiled=self.points[lean].compiled, step=self._bytes_step(lean, fast))
                  for _, lean, fast, _ in tops]
         bound = min((p.extra_flops for p in self.points.values() if p.peak <= limit), default=math.inf)
-        best = None
-        while (move := self._next_move(mixes, bound, limit)) is not None:
+        best, spent = None, 0
+        while (move := self._next_move([m for m in mixes if spent < MAX_PRESET_MIXES or not self._of_preset(m)],
+                                       bound, limit)) is not None:
             got = self._compile_count(*move, limit)
+            spent += self._of_preset(move[0])
             if got.peak <= limit and got.extra_flops < bound:
                 best, bound = got, got.extra_flops
         return best
 
+    def _of_preset(self, m: _Pair) -> bool:
+        """Whether a mix has one of MaxText's presets on either side (`MAX_PRESET_MIXES`)."""
+        return m.lean in self.presets or m.fast in self.presets
+
     def _front(self) -> set:
-        """JAX's policies (and no remat) compiled so far that no other one matches in both peak and
-        FLOPs (of two alike, the faster-named): a mix with a matched one in either role is
-        expected to be no better than the same mix with the one that matches it, and each pair
-        costs compiles.  ResNet-50 on the H100: nothing_saveable and
-        dots_with_no_batch_dims_saveable per layer both compile to 25.39 GiB and +12.19 TFLOP."""
-        opts = [o for o in _POLICIES if o in self.points]
+        """The hand-written options compiled so far (JAX's policies, no remat, MaxText's presets)
+        that no other one matches in peak, FLOPs and the bytes it stores per layer (of two alike,
+        the faster-named policy, then a policy before a preset): a mix with a matched one in
+        either role is expected to be no better than the same mix with the one that matches it,
+        and each pair costs compiles.  The bytes count: a mix's leaner layers leave room for
+        faster ones by what they store less, and on the tagged Llama 1B MaxText's save_out_proj
+        per layer beats nothing_saveable in peak and FLOPs but stores an activation a layer more,
+        so at the 9 + 9 mix of nothing_saveable and dots_with_no_batch_dims_saveable (10.72 GiB)
+        its own mixes fit two layers of the faster policy fewer.
+        ResNet-50 on the H100: nothing_saveable and dots_with_no_batch_dims_saveable per layer
+        both compile to 25.39 GiB and +12.19 TFLOP; on the tagged Llama 1B MaxText's minimal is
+        dots_with_no_batch_dims_saveable's program (benchmarks/results/presets.md)."""
+        opts = [o for o in (*_POLICIES, *self.presets) if o in self.points]
+        rank = {o: i for i, o in enumerate(opts)}
+        stored = {o: self.saved_bytes.get(o, math.inf) for o in opts}  # no remat: everything
 
         def matched(o, by) -> bool:
             a, b = self.points[o], self.points[by]
-            return (b.peak <= a.peak and b.extra_flops <= a.extra_flops
-                    and (b.peak < a.peak or b.extra_flops < a.extra_flops or _nested(o, by)))
+            return (b.peak <= a.peak and b.extra_flops <= a.extra_flops and stored[by] <= stored[o]
+                    and (b.peak < a.peak or b.extra_flops < a.extra_flops or _nested(o, by)
+                         or (not _nested(by, o) and rank[by] < rank[o])))
         return {o for o in opts if not any(matched(o, by) for by in opts if by != o)}
 
     def _next_move(self, mixes: Sequence[_Pair], bound: float, limit: int) -> tuple[_Pair, int] | None:
@@ -602,7 +664,9 @@ def _cap(label: str) -> str:
 def _name(option) -> str:
     if option is None:
         return "no remat"
-    return option if option in HAND_POLICIES else f"the solver's {option} set"
+    if option in HAND_POLICIES:
+        return option
+    return f"MaxText's {option.removeprefix(MAXTEXT)}" if option.startswith(MAXTEXT) else f"the solver's {option} set"
 
 
 def _line(peaks: dict, fit: int, over: int, curve=None, step: float | None = None) -> Callable[[int], float]:

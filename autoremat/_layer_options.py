@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoremat._presets import MAXTEXT_NAMES, SAVED_NAMES
 from autoremat.graph._costs import MATMUL_PRIMITIVES
 from autoremat.graph._graph import Graph
 from autoremat.graph._layers import Layer
@@ -29,8 +30,8 @@ from autoremat.solver._peak_model import stored_residuals
 from autoremat.solver._region import recompute_closure, region_solution
 from autoremat.solver._region_options import DEFAULT_CAPS, _region_problem, _solve_block_options
 
-__all__ = ["LayerOption", "POLICY_CAPS", "ilp_options", "fit_peak_line", "policy_layer_flops", "policy_saves",
-           "policy_keeps"]
+__all__ = ["LayerOption", "POLICY_CAPS", "ilp_options", "fit_peak_line", "name_presets", "policy_layer_flops",
+           "policy_saves", "policy_keeps"]
 
 # Caps at the bytes of the outputs a JAX policy may save in the layer (`policy_saves`), labelled
 # by it.  That is one activation per decoder layer more than the policy stores (`policy_keeps`:
@@ -89,22 +90,62 @@ def ilp_options(g: Graph, layers: Sequence[Layer], *, time_limit: float | None =
     return out
 
 
-def policy_layer_flops(g: Graph, layers: Sequence[Layer], policy: str | None) -> tuple[float, ...]:
-    """The matmul FLOPs each layer recomputes under one of JAX's policies (None: no remat), as
-    the region solver counts its sets' (`policy_keeps`, then what the backward pass re-runs):
-    how a mix's FLOPs change from layer to layer where the layers are not alike
-    (`HandSearch._mix_flops`)."""
+def policy_layer_flops(g: Graph, layers: Sequence[Layer], policy) -> tuple[float, ...]:
+    """The matmul FLOPs each layer recomputes under one of JAX's policies (None: no remat), or
+    under a saved set per layer (a sequence of value-id sets: `name_presets`), as the region
+    solver counts its sets' (`policy_keeps`, then what the backward pass re-runs; a scan layer's
+    body, times its length): how a mix's FLOPs change from layer to layer where the layers are
+    not alike (`HandSearch._mix_flops`), and which of the hand-written plans recompute least."""
     if policy is None:
         return (0.0,) * len(layers)
-    ops, per_key = list(g.ops.values()), {}
-    for layer in layers:
+    per_key = {}
+    for k, layer in enumerate(layers):
         if layer.key not in per_key:
-            layer_ops = ops[layer.start:layer.stop]
-            problem = _layer_problem(g, layer_ops)[2]
-            closure = recompute_closure(problem, policy_keeps(g, layer_ops, policy))
-            per_key[layer.key] = sum(float(g.ops[o].cost.flops) for o in closure
-                                     if g.ops[o].primitive in MATMUL_PRIMITIVES)
+            graph, layer_ops, length = _layer_body(g, layer)
+            pol = policy if isinstance(policy, str) else policy[k]
+            closure = recompute_closure(_layer_problem(graph, layer_ops)[2], policy_keeps(graph, layer_ops, pol))
+            per_key[layer.key] = length * sum(float(graph.ops[o].cost.flops) for o in closure
+                                              if graph.ops[o].primitive in MATMUL_PRIMITIVES)
     return tuple(per_key[layer.key] for layer in layers)
+
+
+def name_presets(g: Graph, layers: Sequence[Layer]) -> list[tuple[str, tuple[frozenset, ...]]]:
+    """MaxText's presets (`_presets.SAVED_NAMES`) on layers tagged with its names: (preset, the
+    values it saves in each layer), where every layer has one of MaxText's tags.  A preset saves
+    the values its names tag (the `name` equation's input, one buffer with its output: counted
+    once); one that saves nothing, or what an earlier one saves, is left out.  A scan layer's
+    values are its body's."""
+    tags = [_layer_tags(g, layer) for layer in layers]
+    if not tags or any(not set(t) & set(MAXTEXT_NAMES) for t in tags):
+        return []
+    out, seen = [], set()
+    for preset, names in SAVED_NAMES.items():
+        sets = tuple(frozenset().union(*(t.get(n, frozenset()) for n in names)) for t in tags)
+        if any(sets) and sets not in seen:
+            seen.add(sets)
+            out.append((preset, sets))
+    return out
+
+
+def _layer_tags(g: Graph, layer: Layer) -> dict[str, frozenset]:
+    """`checkpoint_name` -> the values it tags in `layer` (made in the layer)."""
+    graph, layer_ops, _ = _layer_body(g, layer)
+    made = {v for op in layer_ops for v in op.outputs}
+    out: dict[str, frozenset] = {}
+    for op in layer_ops:
+        name = op.params.get("name")
+        if op.primitive == "name" and isinstance(name, str) and op.inputs and op.inputs[0] in made:
+            out[name] = out.get(name, frozenset()) | {op.inputs[0]}
+    return out
+
+
+def _layer_body(g: Graph, layer: Layer) -> tuple[Graph, list, int]:
+    """(graph, ops, trip count) of a layer: a scan layer's body, else its own equations once."""
+    first = g.ops[f"e{layer.start}"]
+    if layer.stop - layer.start == 1 and first.primitive == "scan":
+        body = first.bodies[0]
+        return body, list(body.ops.values()), int(first.params.get("length", 1))
+    return g, [op for op in g.ops.values() if layer.start <= op.index < layer.stop], 1
 
 
 def _solve(g: Graph, layer_ops, time_limit) -> tuple[int, list]:

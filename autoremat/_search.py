@@ -40,7 +40,7 @@ from typing import NamedTuple
 from autoremat._bridge import to_plan, with_recompute_costs
 from autoremat._errors import InfeasibleBudgetError
 from autoremat._progress import working
-from autoremat._hand import HAND_POLICIES, HandPlan, HandSearch, uniform_plans
+from autoremat._hand import HAND_POLICIES, HandPlan, HandSearch, maxtext_presets, uniform_plans
 from autoremat._layer_options import ilp_options
 from autoremat._units import format_bytes
 from autoremat.graph._costs import OpCost
@@ -385,8 +385,9 @@ class PlanSearch:
             return
         none = HandPlan("no remat", None, self.baseline_peak, 0.0)
         hand = HandSearch(self.g, self.layers, self.compile_hand, none, self.say, self.meta, curve=self.mix_curve,
-                          known=self.hand_known, best_fit=self._best_matmul)
-        hand.uniform(uniform_plans(self.g, self.layers, self.meta), self.budget)
+                          known=self.hand_known, best_fit=self._best_matmul,
+                          presets=maxtext_presets(self.g, self.layers))
+        hand.uniform(uniform_plans(self.g, self.layers, self.meta, hand.presets), self.budget)
         key = self.g.traced.signature
         if key not in _LAYER_OPTIONS:  # CP-SAT per distinct layer and cap: once per signature
             _LAYER_OPTIONS[key] = ilp_options(self.g, self.layers)

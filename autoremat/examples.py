@@ -42,6 +42,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from autoremat._errors import AutorematError
+from autoremat._presets import MAXTEXT_NAMES, OFFLOADED_NAMES, SAVED_NAMES
 
 __all__ = [
     "Example",
@@ -194,47 +195,14 @@ def mlp_chain(
 # Transformer
 # ---------------------------------------------------------------------------
 
-TRANSFORMER_TAGS: tuple[str, ...] = (
-    "query_proj",
-    "key_proj",
-    "value_proj",
-    "context",
-    "out_proj",
-    "mlpwi",
-    "mlpwo",
-)
+TRANSFORMER_TAGS: tuple[str, ...] = MAXTEXT_NAMES
 """The ``checkpoint_name`` tags :func:`transformer` puts in each block (MaxText's names)."""
 
-_QKV = ("query_proj", "key_proj", "value_proj")
-
 MAXTEXT_PRESETS: dict[str, Policy] = {
-    # MaxText's current "minimal": every weight matmul output (the dots with no
-    # batch dimension), by name. Older MaxText used
-    # checkpoint_dots_with_no_batch_dims for this, which selects the same values
-    # by primitive; names are what jax_remat3 keeps (docs/FACTS.md fact 3).
-    "minimal": jax.checkpoint_policies.save_only_these_names(*_QKV, "out_proj", "mlpwi", "mlpwo"),
-    "minimal_with_context": jax.checkpoint_policies.save_only_these_names(
-        *_QKV, "context", "out_proj", "mlpwi", "mlpwo"
-    ),
-    "save_dot_with_context_except_mlp": jax.checkpoint_policies.save_only_these_names(
-        *_QKV, "context", "out_proj"
-    ),
-    "save_dot_except_mlpwi": jax.checkpoint_policies.save_only_these_names(*_QKV, "out_proj", "mlpwo"),
-    "save_dot_except_mlp": jax.checkpoint_policies.save_only_these_names(*_QKV, "out_proj"),
-    "save_qkv_proj": jax.checkpoint_policies.save_only_these_names(*_QKV),
-    "save_out_proj": jax.checkpoint_policies.save_only_these_names("out_proj"),
-    "qkv_proj_offloaded": jax.checkpoint_policies.save_and_offload_only_these_names(
-        names_which_can_be_saved=[],
-        names_which_can_be_offloaded=list(_QKV),
-        offload_src="device",
-        offload_dst="pinned_host",
-    ),
-    "minimal_offloaded": jax.checkpoint_policies.save_and_offload_only_these_names(
-        names_which_can_be_saved=[],
-        names_which_can_be_offloaded=[*_QKV, "out_proj", "mlpwi", "mlpwo"],
-        offload_src="device",
-        offload_dst="pinned_host",
-    ),
+    **{k: jax.checkpoint_policies.save_only_these_names(*names) for k, names in SAVED_NAMES.items()},
+    **{k: jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[], names_which_can_be_offloaded=list(names),
+        offload_src="device", offload_dst="pinned_host") for k, names in OFFLOADED_NAMES.items()},
     "full": jax.checkpoint_policies.nothing_saveable,
 }
 """MaxText ``remat_policy`` presets over the names in :data:`TRANSFORMER_TAGS`.

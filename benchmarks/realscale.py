@@ -52,13 +52,21 @@ from _common import expected_cell, provenance  # noqa: E402
 from _thirdparty import BUILDERS, DEC, RESNET  # noqa: E402
 from _unseen import BUILDERS as UNSEEN  # noqa: E402
 
+from jax.ad_checkpoint import checkpoint_name  # noqa: E402
+
 from autoremat._errors import InfeasibleBudgetError  # noqa: E402
 from autoremat._optimize import plan_for  # noqa: E402
+from autoremat.examples import MAXTEXT_PRESETS  # noqa: E402
 from autoremat.runtime import apply  # noqa: E402
 from autoremat.runtime._validate import compiled_stats  # noqa: E402
 
 GiB = 2**30
 POLICIES = ("nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_saveable")
+# MaxText's `remat_policy` presets by name (`autoremat.examples.MAXTEXT_PRESETS`), written per layer
+# on the models with its tags; not "full" (`nothing_saveable`) nor the offloaded ones (host memory).
+PRESETS = ("minimal", "minimal_with_context", "save_dot_with_context_except_mlp", "save_dot_except_mlpwi",
+           "save_dot_except_mlp", "save_qkv_proj", "save_out_proj")
+TAGGED = ("llama_tags",)  # families with MaxText's `checkpoint_name` tags
 bf = jnp.bfloat16
 sd = jax.ShapeDtypeStruct
 PLANNER_LOG = lambda m: None  # noqa: E731  (--planner-log: the planner's progress to stderr)
@@ -93,14 +101,21 @@ def attention(q, k, v):
     return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s.astype(jnp.float32), -1).astype(bf), v)
 
 
-def llama_layer(h, p, H):
+def llama_layer(h, p, H, tag=lambda x, name: x):
     B, S, D = h.shape
     x = rms(h, p["ln1"])
-    q, k = (rope((x @ p[w]).reshape(B, S, H, D // H)) for w in ("wq", "wk"))
-    v = (x @ p["wv"]).reshape(B, S, H, D // H)
-    h = h + attention(q, k, v).reshape(B, S, D) @ p["wo"]
+    q, k = (rope(tag(x @ p[w], n).reshape(B, S, H, D // H)) for w, n in (("wq", "query_proj"), ("wk", "key_proj")))
+    v = tag(x @ p["wv"], "value_proj").reshape(B, S, H, D // H)
+    h = h + tag(tag(attention(q, k, v).reshape(B, S, D), "context") @ p["wo"], "out_proj")
     x = rms(h, p["ln2"])
-    return h + (jax.nn.silu(x @ p["wg"]) * (x @ p["wu"])) @ p["wd"]
+    return h + tag((jax.nn.silu(tag(x @ p["wg"], "mlpwi")) * tag(x @ p["wu"], "mlpwi")) @ p["wd"], "mlpwo")
+
+
+def llama_tags_layer(h, p, H):
+    """`llama_layer` with MaxText's `checkpoint_name` tags (`autoremat.examples.TRANSFORMER_TAGS`):
+    the q, k and v projections, the attention output before and after its projection, both MLP
+    inputs (MaxText's `mlpwi`) and the MLP output, as MaxText's Llama decoder names them."""
+    return llama_layer(h, p, H, checkpoint_name)
 
 
 def gpt_layer(h, p, H):
@@ -112,11 +127,15 @@ def gpt_layer(h, p, H):
     return h + jax.nn.gelu(x @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
 
 
+def _llama_shapes(D, F):
+    return {"ln1": (D,), "wq": (D, D), "wk": (D, D), "wv": (D, D), "wo": (D, D), "ln2": (D,),
+            "wg": (D, F), "wu": (D, F), "wd": (F, D)}
+
+
 FAMILIES = {
     # name: (layer fn, layers, d_model, heads, d_ff, vocab, seq, batch, per-layer parameter shapes)
-    "llama": (llama_layer, 18, 2048, 16, 5632, 32000, 2048, 4,
-              lambda D, F: {"ln1": (D,), "wq": (D, D), "wk": (D, D), "wv": (D, D), "wo": (D, D), "ln2": (D,),
-                            "wg": (D, F), "wu": (D, F), "wd": (F, D)}),
+    "llama": (llama_layer, 18, 2048, 16, 5632, 32000, 2048, 4, _llama_shapes),
+    "llama_tags": (llama_tags_layer, 18, 2048, 16, 5632, 32000, 2048, 4, _llama_shapes),
     "gpt": (gpt_layer, 24, 2048, 16, 8192, 50304, 1024, 8,
             lambda D, F: {"ln1_w": (D,), "ln1_b": (D,), "wqkv": (D, 3 * D), "bqkv": (3 * D,), "wo": (D, D),
                           "bo": (D,), "ln2_w": (D,), "ln2_b": (D,), "w1": (D, F), "b1": (F,), "w2": (F, D),
@@ -162,7 +181,7 @@ def make_model(name: str, policies=None, prevent_cse: bool = True, n_layers: int
     def wrap(fn, pol, cse=True):
         if pol is None:
             return fn
-        return jax.checkpoint(fn, policy=getattr(jax.checkpoint_policies, pol), prevent_cse=cse)
+        return jax.checkpoint(fn, policy=policy_of(pol), prevent_cse=cse)
 
     def loss(params, tokens):
         h = params["embed"][tokens]
@@ -184,13 +203,26 @@ def make_model(name: str, policies=None, prevent_cse: bool = True, n_layers: int
     return loss, (params, tokens), desc, L
 
 
+def policy_of(pol: str):
+    """A JAX policy by name, or a MaxText preset (`PRESETS`) by its label."""
+    if pol.startswith("maxtext "):
+        return MAXTEXT_PRESETS[pol.removeprefix("maxtext ")]
+    return getattr(jax.checkpoint_policies, pol)
+
+
+def hand_policies(name: str) -> tuple:
+    """JAX's policies, and on a model with MaxText's tags (`TAGGED`) MaxText's presets too."""
+    tagged = name.removesuffix("_scan") in TAGGED
+    return POLICIES + (tuple(f"maxtext {k}" for k in PRESETS) if tagged else ())
+
+
 def hand_variants(name: str, mix: bool = True) -> list:
     """(label, policy per layer, prevent_cse) of the hand-written baselines: no remat, each policy
     per layer (a scan's with prevent_cse True and False), and with `mix` the half-and-half mixes of
     each two neighbouring policies (the first half the leaner one), whose peaks lie between theirs."""
     _, _, _, L = make_model(name)
     variants = [("no remat", None, True)]
-    for pol in POLICIES:
+    for pol in hand_policies(name):
         variants.append((f"{pol} per layer", [pol] * L, True))
         if name.endswith("_scan"):
             variants.append((f"{pol} per layer, prevent_cse=False", [pol] * L, False))
@@ -236,7 +268,8 @@ def between_budgets(hand: list) -> list:
     one layer, so a scan has no mixes to give budgets between its policies, where the planner's
     own plans matter most (issue 14 asks for autoremat 'at each of those peaks and between them')."""
     none = hand[0][1].matmul_flops
-    peaks = sorted((st.peak_bytes, label) for label, st in hand[1:] if "prevent_cse" not in label)
+    peaks = sorted((st.peak_bytes, label) for label, st in hand[1:] if "prevent_cse" not in label
+                   and not label.startswith("maxtext"))
     out = []
     for (lo, lo_label), (hi, hi_label) in zip(peaks, peaks[1:]):
         if hi > lo:

@@ -876,3 +876,87 @@ def test_a_rolled_scan_body_is_tried_both_ways_and_its_solver_plans_follow_the_l
     finally:
         for key in [k for k in _search._COMPILED if k[1][0] == "hand" and k[1][1].startswith("plan ")]:
             del _search._COMPILED[key]
+
+
+# -- MaxText's presets as hand-written plans ----------------------------------------------------
+
+def test_maxtext_presets_are_read_from_the_layers_tags():
+    """`_layer_options.name_presets`: on layers tagged with MaxText's names, each preset as the
+    values its names tag in each layer (the tagged matmul outputs, once each), those that save the
+    same values listed once; nothing on untagged layers.  A scan layer's are its body's."""
+    from autoremat._presets import SAVED_NAMES
+
+    for name in ("transformer", "transformer_scan"):
+        g, layers = _layers(examples.get_example(name))
+        presets = dict(_layer_options.name_presets(g, layers))
+        assert list(presets) == list(SAVED_NAMES)  # every tag is there: the seven save apart
+        assert all(len(sets) == len(layers) for sets in presets.values())
+        out_proj, minimal, with_context = (presets[k] for k in ("save_out_proj", "minimal", "minimal_with_context"))
+        assert all(len(s) == 1 for s in out_proj)
+        assert all(a < b for a, b in zip(minimal, with_context))  # `context` on top
+        assert len({frozenset(sets) for sets in presets.values()}) == len(presets)
+    g, layers = _layers(examples.get_example("transformer", tags=False))
+    assert _layer_options.name_presets(g, layers) == []
+
+
+@pytest.mark.parametrize("name", ["transformer", "transformer_scan"])
+def test_a_preset_as_a_plan_compiles_like_the_hand_written_preset(name):
+    """A preset's saved sets per layer (`uniform_plans`' "maxtext ..." plans) compile to the same
+    peak and matmul FLOPs as `jax.checkpoint(layer, policy=save_only_these_names(...))` written by
+    hand (on the small transformer, save_out_proj per layer compiles below nothing_saveable's
+    peak, as on the tagged Llama 1B), with the original gradients."""
+    ex = examples.get_example(name)
+    g, layers = _layers(ex)
+    presets = _hand.maxtext_presets(g, layers)
+    plans = {pol: plan for pol, _, plan in _hand.uniform_plans(g, layers, presets=presets)}
+    plan = plans["maxtext save_out_proj"]
+    by_hand = compiled_stats(*_ex_args(examples.get_example(name, policy=examples.MAXTEXT_PRESETS["save_out_proj"])))
+    nothing = compiled_stats(*_ex_args(examples.get_example(name, policy=CP.nothing_saveable)))
+    got = compiled_stats(apply(ex.fn, plan), *ex.args)
+    assert got.peak_bytes == by_hand.peak_bytes
+    assert got.peak_bytes < nothing.peak_bytes or name == "transformer_scan"  # scanned: 53.80 against 53.29 MB
+    assert got.matmul_flops == by_hand.matmul_flops
+    expected = jax.jit(jax.value_and_grad(ex.fn))(*ex.args)
+    # float32: a value recomputed inside another fusion than its first computation rounds
+    # differently (the solver sets' test above: about 10 ulps)
+    assert_trees_close(jax.jit(jax.value_and_grad(apply(ex.fn, plan)))(*ex.args), expected, rtol=4e-6)
+
+
+def _ex_args(ex):
+    return (ex.fn, *ex.args)
+
+
+def test_presets_are_compiled_fewest_flops_first_up_to_the_first_policy_that_fits():
+    """`HandSearch.uniform` with MaxText's presets: compiled in order of the FLOPs they recompute
+    (JAX's policies keep theirs), a preset that fits does not end the phase (the leaner policies
+    may make better mixes), the first of JAX's policies that fits does.  `_front` keeps
+    nothing_saveable although save_out_proj beats it in peak and FLOPs: it stores less per layer,
+    and at the tagged Llama 1B's 9 + 9 mix budget only its mixes fitted 9 layers of the faster
+    policy (benchmarks/results/presets.md).  Peaks and FLOPs as the small transformer compiles them."""
+    ex = examples.get_example("transformer")
+    g, layers = _layers(ex)
+    table = {"dots_saveable": (59550796, 10871.64), "maxtext minimal_with_context": (57977924, 11005.85),
+             "dots_with_no_batch_dims_saveable": (55880764, 11140.07), "maxtext minimal": (55880764, 11140.07),
+             "maxtext save_dot_with_context_except_mlp": (54834236, 12079.6),
+             "maxtext save_dot_except_mlpwi": (52736884, 12213.81), "maxtext save_dot_except_mlp": (52736884, 12213.81),
+             "maxtext save_qkv_proj": (51686252, 12482.25), "maxtext save_out_proj": (47504220, 13019.12),
+             "nothing_saveable": (49871700, 13287.56)}
+    compiled = []
+
+    def compile(plan, label, ahead=()):
+        pol = next(p for p in table if label.startswith(p.replace("maxtext ", "MaxText's ") + " per layer"))
+        compiled.append(pol)
+        return _hand.HandPlan(label, plan, table[pol][0], table[pol][1] * 1e6)
+
+    none = _hand.HandPlan("no remat", None, 82_400_000, 0.0)
+    hand = _hand.HandSearch(g, layers, compile, none, lambda m: None, presets=_hand.maxtext_presets(g, layers))
+    plans = _hand.uniform_plans(g, layers, presets=hand.presets)
+    hand.uniform(plans, 50_000_000)  # save_out_proj fits; nothing_saveable is the first policy that does
+    assert compiled == sorted(compiled, key=lambda p: table[p][1]) and compiled[-1] == "nothing_saveable"
+    assert compiled[:3] == ["dots_saveable", "maxtext minimal_with_context", "dots_with_no_batch_dims_saveable"]
+    front = hand._front()
+    assert {"nothing_saveable", "maxtext save_out_proj", "dots_with_no_batch_dims_saveable"} <= front
+    assert "maxtext minimal" not in front  # dots_with_no_batch_dims_saveable's peak and FLOPs, a policy
+    compiled.clear()
+    hand.uniform(plans, 56_000_000)  # dots_with_no_batch_dims_saveable fits: the rest recompute more
+    assert compiled[-1] == "dots_with_no_batch_dims_saveable" and "nothing_saveable" not in compiled
