@@ -8,6 +8,10 @@ Models (bf16, abstract `jax.ShapeDtypeStruct` arguments: nothing is allocated; X
   same layers stacked and run by `lax.scan`.
 * `gpt`: GPT-style decoder, LayerNorm / GELU / learned positions, 24 layers, d_model 2048,
   d_ff 8192, vocab 50304, seq 1024, batch 8 (1.42B parameters); `gpt_scan` likewise.
+* `llama_tags` (and `llama_tags_scan`): `llama` with MaxText's `checkpoint_name` tags (not run by
+  default): its hand-written rows add MaxText's presets per layer (`PRESETS`), and autoremat
+  plans at each one's peak too (`--models llama_tags llama_tags_scan --out
+  benchmarks/results/presets.md`).
 * written with third-party libraries' own layer code and remat wrappers (`_thirdparty.py`, needs
   `pip install -e .[bench]`): `flax_scan` (flax linen, `nn.scan` + `nn.remat`), `haiku_scan`
   (`hk.layer_stack` + `hk.remat`), `equinox` (unrolled, `eqx.filter_checkpoint`), all 0.74B
