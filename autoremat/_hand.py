@@ -32,7 +32,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from autoremat._layer_options import fit_peak_line, name_presets, policy_keeps, policy_layer_flops
+from autoremat._layer_options import fit_peak_line, layer_body, name_presets, policy_keeps, policy_layer_flops
 from autoremat._units import format_bytes
 from autoremat.graph._graph import Graph
 from autoremat.graph._layers import Layer, layer_spans
@@ -64,9 +64,9 @@ AHEAD = 2
 # secant steps then a bisection settle 18 layers within 5 compiles (log2 18 < 5).
 MAX_MIX_STEPS = 5
 # Mix compiles per budget of the pairs with one of MaxText's presets (`HandSearch.mix`; the pairs of
-# JAX's policies are not counted).  With seven presets on the tagged Llama 1B the pairs on the
-# front took up to 17 compiles at one budget (94 s); where a preset's mix won, it was the first to
-# third of them compiled (benchmarks/realscale.py --models llama_tags --planner-log, at the
+# JAX's policies are not counted).  With seven presets on the tagged Llama 1B and no such bound,
+# one budget took 19 compiles (94 s), 13 of them the presets' mixes; where a preset's mix won, it
+# was the first to third of them compiled (benchmarks/realscale.py --models llama_tags --planner-log, at the
 # presets' and the policies' peaks: results/presets.md).
 MAX_PRESET_MIXES = 4
 # A mix count whose peak, predicted as the faster policy's compiled peak less the chain model's
@@ -155,12 +155,7 @@ def _records(g: Graph, layers: Sequence[Layer], policies: Sequence) -> dict[str,
     for layer, pol in zip(layers, policies):
         if pol is None:
             continue
-        scan = g.ops[f"e{layer.start}"]
-        if layer.stop - layer.start == 1 and scan.primitive == "scan":
-            graph = scan.bodies[0]
-            ops = list(graph.ops.values())
-        else:
-            graph, ops = g, [op for op in g.ops.values() if layer.start <= op.index < layer.stop]
+        graph, ops, _ = layer_body(g, layer)
         residual, keeps = set(graph.residual_values()), policy_keeps(graph, ops, pol)
         for op in ops:
             for vid in op.outputs:
@@ -272,9 +267,13 @@ class HandSearch:
         recomputes half of `dots_with_no_batch_dims_saveable`'s FLOPs and `save_out_proj` 0.91 of
         `nothing_saveable`'s: benchmarks/results/presets.md)."""
         tier = {pol: i for i, pol in enumerate(reversed(HAND_POLICIES))}
-        flops = {pol: sum(policy_layer_flops(self.g, self.layers, self.presets.get(pol, pol)))
-                 for pol in {p[0] for p in plans}}
-        return sorted(plans, key=lambda p: (flops[p[0]], p[0] not in tier, tier.get(p[0], 0)))
+        return sorted(plans, key=lambda p: (sum(self._flops_of(p[0])), p[0] not in tier, tier.get(p[0], 0)))
+
+    def _flops_of(self, pol: str) -> tuple[float, ...]:
+        """The matmul FLOPs each layer recomputes under `pol` (`policy_layer_flops`), once."""
+        if pol not in self.layer_flops:
+            self.layer_flops[pol] = policy_layer_flops(self.g, self.layers, self.presets.get(pol, pol))
+        return self.layer_flops[pol]
 
     def _take(self, pol: str, got: HandPlan) -> None:
         """`got`, the compiled plan of `pol` on every layer, as an option for the mixes."""
@@ -282,7 +281,7 @@ class HandSearch:
         self.points[pol] = got
         self.choice[pol] = (lambda k, pol=pol: pol) if sets is None else (lambda k, sets=sets: sets[k])
         self.saved_bytes[pol] = sum(r.nbytes for r in got.plan.values.values() if r.decision == "save")
-        self.layer_flops[pol] = policy_layer_flops(self.g, self.layers, pol if sets is None else sets)
+        self._flops_of(pol)
 
     def _policy_expected(self, pol: str) -> float | None:
         """`pol` on every layer's peak expected before compiling it: the compiled peak of the

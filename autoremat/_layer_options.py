@@ -30,8 +30,8 @@ from autoremat.solver._peak_model import stored_residuals
 from autoremat.solver._region import recompute_closure, region_solution
 from autoremat.solver._region_options import DEFAULT_CAPS, _region_problem, _solve_block_options
 
-__all__ = ["LayerOption", "POLICY_CAPS", "ilp_options", "fit_peak_line", "name_presets", "policy_layer_flops",
-           "policy_saves", "policy_keeps"]
+__all__ = ["LayerOption", "POLICY_CAPS", "ilp_options", "fit_peak_line", "layer_body", "name_presets",
+           "policy_layer_flops", "policy_saves", "policy_keeps"]
 
 # Caps at the bytes of the outputs a JAX policy may save in the layer (`policy_saves`), labelled
 # by it.  That is one activation per decoder layer more than the policy stores (`policy_keeps`:
@@ -101,7 +101,7 @@ def policy_layer_flops(g: Graph, layers: Sequence[Layer], policy) -> tuple[float
     per_key = {}
     for k, layer in enumerate(layers):
         if layer.key not in per_key:
-            graph, layer_ops, length = _layer_body(g, layer)
+            graph, layer_ops, length = layer_body(g, layer)
             pol = policy if isinstance(policy, str) else policy[k]
             closure = recompute_closure(_layer_problem(graph, layer_ops)[2], policy_keeps(graph, layer_ops, pol))
             per_key[layer.key] = length * sum(float(graph.ops[o].cost.flops) for o in closure
@@ -129,7 +129,7 @@ def name_presets(g: Graph, layers: Sequence[Layer]) -> list[tuple[str, tuple[fro
 
 def _layer_tags(g: Graph, layer: Layer) -> dict[str, frozenset]:
     """`checkpoint_name` -> the values it tags in `layer` (made in the layer)."""
-    graph, layer_ops, _ = _layer_body(g, layer)
+    graph, layer_ops, _ = layer_body(g, layer)
     made = {v for op in layer_ops for v in op.outputs}
     out: dict[str, frozenset] = {}
     for op in layer_ops:
@@ -139,7 +139,7 @@ def _layer_tags(g: Graph, layer: Layer) -> dict[str, frozenset]:
     return out
 
 
-def _layer_body(g: Graph, layer: Layer) -> tuple[Graph, list, int]:
+def layer_body(g: Graph, layer: Layer) -> tuple[Graph, list, int]:
     """(graph, ops, trip count) of a layer: a scan layer's body, else its own equations once."""
     first = g.ops[f"e{layer.start}"]
     if layer.stop - layer.start == 1 and first.primitive == "scan":
