@@ -60,6 +60,7 @@ from jax.ad_checkpoint import checkpoint_name  # noqa: E402
 
 from autoremat._errors import InfeasibleBudgetError  # noqa: E402
 from autoremat._optimize import plan_for  # noqa: E402
+from autoremat._presets import SAVED_NAMES  # noqa: E402
 from autoremat.examples import MAXTEXT_PRESETS  # noqa: E402
 from autoremat.runtime import apply  # noqa: E402
 from autoremat.runtime._validate import compiled_stats  # noqa: E402
@@ -68,8 +69,7 @@ GiB = 2**30
 POLICIES = ("nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_saveable")
 # MaxText's `remat_policy` presets by name (`autoremat.examples.MAXTEXT_PRESETS`), written per layer
 # on the models with its tags; not "full" (`nothing_saveable`) nor the offloaded ones (host memory).
-PRESETS = ("minimal", "minimal_with_context", "save_dot_with_context_except_mlp", "save_dot_except_mlpwi",
-           "save_dot_except_mlp", "save_qkv_proj", "save_out_proj")
+PRESETS = tuple(SAVED_NAMES)
 TAGGED = ("llama_tags",)  # families with MaxText's `checkpoint_name` tags
 bf = jnp.bfloat16
 sd = jax.ShapeDtypeStruct
