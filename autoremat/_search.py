@@ -12,9 +12,9 @@
    first target is the budget less what the model under-predicted the hand-written plans'
    twins by (`under_prediction`), and it moves with what XLA said (down after an overshoot,
    up into unused memory).  A plan the model says recomputes at least what the best compiled
-   plan does, less MIN_GAIN of the step's FLOPs, is not compiled; nor is any round where the
-   solver's plan for the first target, lowered by how far its plans compiled at other budgets
-   came out above their corrected prediction, cannot win (`solver_can_win`).  Where every
+   plan does, less MIN_GAIN of the step's FLOPs, is not compiled (how far the solver's plans
+   compiled at other budgets came out above their prediction does not skip rounds: it belongs
+   to the plan, not the function; docs/FINDINGS.md, twenty-sixth session).  Where every
    hand-written policy compiled over the budget, the lowest-peak plan is compiled before them
    (`lowest_first`), and if it too is over, a round out of reach ends them.
 4. **policy checks** (`policy_checks`): JAX's policies per block in the model's terms, and
@@ -95,9 +95,9 @@ _COMPILED: dict = {}
 _BY_CONTENT: dict = {}  # (signature, `_plan_content`) -> (peak, extra jaxpr FLOPs, of matmuls)
 _LAYER_OPTIONS: dict = {}  # (fingerprint, argument types) -> `_layer_options.ilp_options`
 # signature -> compiled / prediction corrected like the twins (`under_prediction`), of each solver
-# plan compiled for it (`PlanSearch.solver_can_win`): at 1B the solver's plans came out 2-24%
-# above that correction, every first round over its budget (benchmarks/budget_log.py on llama,
-# gpt, equinox and llama1b FSDP x TP at 7d48a7b).
+# plan compiled for it (`PlanSearch.expected`): at 1B the solver's plans came out 2-24% above
+# that correction, every first round over its budget (benchmarks/budget_log.py on llama, gpt,
+# equinox and llama1b FSDP x TP at 7d48a7b).
 _SOLVER_EXCESS: dict = {}
 # (signature, `_plan_content`) -> Future of the plan's `CompiledStats`: compiles started before
 # the search (`start_first_hand_plans`), taken by the first `compile_once` that needs them.
@@ -441,30 +441,6 @@ class PlanSearch:
                      f"compiled peaks: the solver aims at {format_bytes(int(self.budget / ratio))}")
         return int(self.budget / ratio)
 
-    def solver_can_win(self, target: int) -> bool:
-        """Whether the solver's plans may beat the compiled plans at all: its plan for `target`
-        lowered by the least that its plans compiled for this function at other budgets came out
-        above their corrected prediction (`_SOLVER_EXCESS`) is the plan likeliest to fit; if that
-        one cannot win (`can_win`), no round is compiled.  (Aiming the first round that low
-        instead spared the same compiles but, on the FSDP x TP decoder at
-        `dots_with_no_batch_dims_saveable`'s 5.07 GiB, led the rounds to a plan recomputing
-        more than the policy itself: benchmarks/sharded.py at 90c5f7f.)"""
-        excess = min(_SOLVER_EXCESS.get(self.sig, [1.0]))
-        if excess <= 1.0:
-            return True
-        lowered = int(target / excess)
-        try:
-            likely = solve(self.model.problem, lowered, method=self.solver, time_limit=self.time_limit)
-        except InfeasibleBudgetError:
-            return True  # the rounds find out
-        if self.can_win(likely.segments, quiet=True):
-            return True
-        self.say(f"the solver's plans compiled at other budgets came out at least x{excess:.3f} above their "
-                 f"corrected prediction; its plan for {format_bytes(lowered)}, +"
-                 f"{_recompute_flops(likely.segments) / self.share / 1e9:.4g} GFLOP, cannot beat the compiled plans: "
-                 f"no solver round compiled")
-        return False
-
     def probe_offload(self) -> None:
         """Phase 2: does offloading lower XLA's compiled peak here?  Compare the per-block plan
         that offloads the matmul outputs with the one that keeps them on the device.  Measured
@@ -509,8 +485,6 @@ class PlanSearch:
         """Phase 3: (estimated time, segments, result, how) of the fastest solver plan that
         compiled within the budget, or None; with validate=False, the uncompiled `Planned`."""
         best, target = None, self.first_target()
-        if self.validate and not self.solver_can_win(target):
-            return None
         steer = _Steer(self.budget)
         for rnd in range(self.max_rounds + MAX_RAISES):
             if rnd >= self.max_rounds + steer.raised:

@@ -430,33 +430,37 @@ def test_the_model_is_corrected_by_how_far_it_under_predicted_the_hand_written_p
     assert [t.split()[1] for t in tried] == ["scan:save:name:a"]
 
 
-def test_no_solver_round_where_its_likeliest_plan_cannot_win(monkeypatch):
-    """Where the solver's plans compiled at other budgets came out above their corrected
-    prediction (at 1B, every first round did), its plan for the first target lowered by the
-    least of those excesses is solved: if even that one cannot beat the compiled plans, no round
-    is compiled (Llama and GPT 1B at their `nothing_saveable` peaks: one compile each); if it can,
-    the rounds start from the first target as before.  With no excess recorded, no solve."""
+def test_an_excess_seen_at_other_budgets_does_not_skip_a_round_that_can_win(monkeypatch):
+    """How far the solver's plans compiled at other budgets came out above their corrected
+    prediction belongs to those plans, not to the function: on the scan transformer (run.py) a
+    plan saving every matmul came out x1.049 above it at `dots_saveable`'s peak, while at
+    `save_dot_except_mlpwi`'s 58.8 MiB the solver's plan came out x0.977 and fitted (0.84 GFLOP
+    against the preset's 1.34); lowering the first target by the former skipped that round.  So
+    the round whose plan can win is compiled, whatever excess was recorded."""
     from types import SimpleNamespace
 
     from autoremat import _search
 
     search = _search_on_mlp_chain(1000, (1e5, 0.0))  # MIN_GAIN of it: 100 FLOPs to win by
-    targets = []
 
-    def solve(problem, target, **kw):
-        targets.append(target)
-        return SimpleNamespace(segments=_segments(float(1000 - target)))  # lower target: more FLOPs
+    def solve(problem, target, **kw):  # a lower target, more FLOPs: at 800, +200 beats the compiled 500
+        return SimpleNamespace(segments=_segments(float(1000 - target)), solver="dp", status="optimal",
+                               solve_time=0.0, peak_bytes=target, objective=1.0)
 
     monkeypatch.setattr(_search, "solve", solve)
     monkeypatch.setattr(_search, "_best_compiled", lambda sig, limit: SimpleNamespace(measured=500.0))
-    monkeypatch.setattr(_search, "_SOLVER_EXCESS", {})
-    assert search.solver_can_win(800) and targets == []
-    _search._SOLVER_EXCESS[search.sig] = [1.5, 1.25]  # the least: 800 / 1.25 = 640, +360 < 500 - 100
-    assert search.solver_can_win(800) and targets == [640]
-    _search._SOLVER_EXCESS[search.sig] = [2.0]  # 400: +600 FLOPs, more than the compiled 500
-    assert not search.solver_can_win(800) and targets[-1] == 400
-    monkeypatch.setattr(search, "compile_segments", lambda *a, **k: pytest.fail("a round was compiled"))
-    assert search.solver_rounds() is None
+    monkeypatch.setattr(_search, "_SOLVER_EXCESS", {search.sig: [2.0]})  # at 800 / 2, +600: cannot win
+    monkeypatch.setattr(search, "first_target", lambda: 800)
+    compiled = []
+
+    def compile_segments(segments, how, result=None):
+        compiled.append(how)
+        raise StopIteration  # one round is enough to tell
+
+    monkeypatch.setattr(search, "compile_segments", compile_segments)
+    with pytest.raises(StopIteration):
+        search.solver_rounds()
+    assert compiled == ["solver round 1"]
 
 
 def test_while_a_plan_fits_the_fallback_tries_the_likeliest_and_stops_at_the_first_over(monkeypatch):
