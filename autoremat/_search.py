@@ -94,11 +94,9 @@ MIN_GAIN = 0.001
 _COMPILED: dict = {}
 _BY_CONTENT: dict = {}  # (signature, `_plan_content`) -> (peak, extra jaxpr FLOPs, of matmuls)
 _LAYER_OPTIONS: dict = {}  # (fingerprint, argument types) -> `_layer_options.ilp_options`
-# signature -> compiled / prediction corrected like the twins (`under_prediction`), of each solver
-# plan compiled for it (`PlanSearch.expected`): at 1B the solver's plans came out 2-24% above
-# that correction, every first round over its budget (benchmarks/budget_log.py on llama, gpt,
-# equinox and llama1b FSDP x TP at 7d48a7b).
-_SOLVER_EXCESS: dict = {}
+# signature -> (predicted, compiled peak) of each plan of the chain model compiled for it
+# (`PlanSearch.expected`).
+_MODEL_POINTS: dict = {}
 # (signature, `_plan_content`) -> Future of the plan's `CompiledStats`: compiles started before
 # the search (`start_first_hand_plans`), taken by the first `compile_once` that needs them.
 _STARTED: dict = {}
@@ -291,17 +289,32 @@ class PlanSearch:
             got = self.compile_once(key, replace(p, predicted_peak=peak, estimated_extra_time=extra), extra,
                                     _recompute_flops(segments))
             self.excess.append(got.peak / max(peak * self.under_prediction(), 1.0))
+            _MODEL_POINTS.setdefault(self.sig, []).append((peak, got.peak))
             return got
         return _COMPILED[(self.sig, key)]
 
     def expected(self, predicted: float) -> int:
-        """The peak the search expects of a plan the model predicts at `predicted`: corrected
-        like the hand-written plans' twins (`under_prediction`), and by how far the last plan
-        of the model compiled for this function came out above that (`_SOLVER_EXCESS`; with the
-        twins' correction alone, equinox 1B's winning second rounds were expected 11-12% under
-        their compiled peaks: benchmarks/results/realscale.md at 8c8c67f)."""
-        excess = _SOLVER_EXCESS.get(self.sig, [1.0])[-1]
-        return int(predicted * self.under_prediction() * excess)
+        """The peak the search expects of a plan the model predicts at `predicted`: the compiled
+        peaks of the plans compiled for this function (the hand-written plans' twins, the
+        model's own plans) interpolated by their predicted peaks, between the nearest below and
+        above (outside them, the nearest one's ratio).  How far a plan compiles from the model
+        goes with which values it saves, not with the budget or the order of the budgets
+        (docs/FINDINGS.md, twenty-sixth session): scaled by the last plan's excess, a scan's
+        plans between two policies were expected 5.6-12.1% above their compiled peaks."""
+        pts = sorted({**{p: c for p, c in self._twin_pairs()}, **dict(_MODEL_POINTS.get(self.sig, []))}.items())
+        if not pts:
+            return int(predicted)
+        below = [pc for pc in pts if pc[0] <= predicted]
+        above = [pc for pc in pts if pc[0] >= predicted]
+        if below and above and above[0][0] > below[-1][0]:
+            (p0, c0), (p1, c1) = below[-1], above[0]
+            return int(c0 + (c1 - c0) * (predicted - p0) / (p1 - p0))
+        p, c = below[-1] if below else above[0]
+        return int(predicted * c / max(p, 1))
+
+    def _twin_pairs(self) -> list[tuple[float, int]]:
+        """(predicted, compiled peak) of the hand-written plans' twins (`_twin_points`)."""
+        return [(peak / ratio, peak) for peak, ratio in self.twins]
 
     def compile_hand(self, plan: Plan, label: str, ahead=()) -> HandPlan:
         """A hand-written plan, compiled (the plans of `ahead` traced meanwhile: `compile_once`);
@@ -505,8 +518,6 @@ class PlanSearch:
             same = next((h["round"] for h in self.history if h["segments"] == result.segments), None)
             got = self.compile_segments(result.segments, f"solver round {rnd + 1}", result)
             compiled = got.peak
-            _SOLVER_EXCESS.setdefault(self.sig, []).append(
-                compiled / max(result.peak_bytes * self.under_prediction(), 1.0))
             self.history.append({"round": rnd + 1, "target": target, "predicted": result.peak_bytes,
                                  "compiled": compiled, "segments": result.segments})
             self.say(f"round {rnd + 1}: " + (f"the plan of round {same} again" if same else "compiled peak")

@@ -449,7 +449,7 @@ def test_an_excess_seen_at_other_budgets_does_not_skip_a_round_that_can_win(monk
 
     monkeypatch.setattr(_search, "solve", solve)
     monkeypatch.setattr(_search, "_best_compiled", lambda sig, limit: SimpleNamespace(measured=500.0))
-    monkeypatch.setattr(_search, "_SOLVER_EXCESS", {search.sig: [2.0]})  # at 800 / 2, +600: cannot win
+    monkeypatch.setattr(_search, "_MODEL_POINTS", {search.sig: [(400, 800)]})  # a plan compiled at 2x the model
     monkeypatch.setattr(search, "first_target", lambda: 800)
     compiled = []
 
@@ -677,16 +677,23 @@ def test_after_a_fitting_solver_plan_faster_uniform_plans_within_reach_are_compi
     assert search.policy_checks(solver) == solver and compiled == []
 
 
-def test_a_solver_plan_is_expected_at_the_model_corrected_by_the_last_one_compiled(monkeypatch):
+def test_a_plan_is_expected_between_the_compiled_plans_nearest_in_predicted_peak(monkeypatch):
     """The peak the search expects of a plan of the chain model (`plan.meta["expected_peak"]`):
-    the model's figure corrected like the hand-written plans' twins, then by how far the last
-    solver plan compiled for the function came out above that correction (the excess grows as
-    the targets fall, so the latest is the nearest)."""
+    the compiled peaks of the plans compiled for the function (the twins of the hand-written
+    policies, the model's own plans) interpolated by predicted peak between the nearest below
+    and above; outside them, the nearest one's ratio.  Not the last plan's excess: on the Llama
+    scan at 18.38 GiB round 1 (predicted 12.11 GiB) compiled x1.07 further above the model than
+    round 2 (10.66), which was then expected 6.7% over its compiled peak."""
     from autoremat import _search
 
     search = _search_on_mlp_chain(1000, (1e5, 0.0))
-    monkeypatch.setattr(search, "under_prediction", lambda: 1.25)
-    monkeypatch.setattr(_search, "_SOLVER_EXCESS", {})
-    assert search.expected(100.0) == 125
-    _search._SOLVER_EXCESS[search.sig] = [1.5, 1.1]
-    assert search.expected(100.0) == int(100.0 * 1.25 * 1.1)
+    search.twins = []
+    monkeypatch.setattr(_search, "_MODEL_POINTS", {})
+    assert search.expected(100.0) == 100  # nothing compiled: the model's figure
+    search.twins = [(150, 1.5)]  # a twin predicted 100, compiled 150
+    assert search.expected(80.0) == 120 and search.expected(200.0) == 300  # its ratio either side
+    _search._MODEL_POINTS[search.sig] = [(200.0, 260)]  # a plan predicted 200 compiled to 260
+    assert search.expected(150.0) == 205  # halfway between 150 and 260
+    assert search.expected(400.0) == 520  # above every point: the nearest one's ratio, x1.3
+    _search._MODEL_POINTS[search.sig].append((300.0, 300))  # a later plan elsewhere changes nothing here
+    assert search.expected(150.0) == 205
