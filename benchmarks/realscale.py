@@ -358,7 +358,8 @@ def main(argv=None) -> int:
             "compile, once per model, is not counted). "
             "autoremat's plan is compiled again by this script; 'model' is the chain model's figure for the "
             "plan (its solver's plans only), 'expected' the peak the search expected before compiling it (the model's "
-            "corrected like the hand-written plans' twins; a mix count's from its neighbours' compiled peaks; a policy's "
+            "figure placed between the compiled peaks of the plans compiled before it, twins of the hand-written "
+            "policies and the model's own, nearest in predicted peak; a mix count's from its neighbours' compiled peaks; a policy's "
             "the compiled peak of the policy before it plus the model's difference between the two); '+N host': bytes its plan offloads to host memory, "
             "outside the device peak.", ""]
         with open(a.out, "w") as f:
