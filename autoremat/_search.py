@@ -299,9 +299,10 @@ class PlanSearch:
         model's own plans) interpolated by their predicted peaks, between the nearest below and
         above (outside them, the nearest one's ratio).  How far a plan compiles from the model
         goes with which values it saves, not with the budget or the order of the budgets
-        (docs/FINDINGS.md, twenty-sixth session): scaled by the last plan's excess, a scan's
-        plans between two policies were expected 5.6-12.1% above their compiled peaks."""
-        pts = sorted({**{p: c for p, c in self._twin_pairs()}, **dict(_MODEL_POINTS.get(self.sig, []))}.items())
+        (docs/FINDINGS.md, twenty-sixth session): scaled by the last plan's excess, the scans'
+        plans between two policies were expected -3.9..+12.1% off their compiled peaks, five of
+        eight by over 5% (benchmarks/results/realscale.md at 8596d46; since, six within 5%)."""
+        pts = sorted({**dict(self._twin_pairs()), **dict(_MODEL_POINTS.get(self.sig, []))}.items())
         if not pts:
             return int(predicted)
         below = [pc for pc in pts if pc[0] <= predicted]
