@@ -34,7 +34,7 @@ from autoremat.graph._profiles import detect_profile, get_profile
 from autoremat.graph._trace import check_reverse_mode, signature_key, split_static, trace
 from autoremat.runtime._apply import apply, run_plan
 from autoremat.runtime._plan import Plan
-from autoremat.runtime._validate import ValidationReport, compiled_stats, compiled_stats_later, validate
+from autoremat.runtime._validate import ValidationReport, cached_stats, compile_later, validate
 from autoremat._units import check_budget, format_bytes, parse_budget
 from autoremat.solver._chain import evaluate
 from autoremat.solver._chain_model import ChainModel, build_chain_model
@@ -103,7 +103,7 @@ def _baseline_later(fn, traced, call):
     args, kwargs, stats_kw = call
     key = traced.signature
     if key not in _BASELINES:
-        _BASELINES[key] = compiled_stats_later(fn, *args, **stats_kw, **kwargs)
+        _BASELINES[key] = compile_later(cached_stats, fn, *args, **stats_kw, **kwargs)
     return _BASELINES[key]
 
 
@@ -166,7 +166,7 @@ def _calibrated(fn, g, model: ChainModel, call, baseline_peak: int, offload: boo
     if g.traced.user_checkpoints:
         none_plan = to_plan(model, _all_none(model))
         with working(say, "compiling the step without its own checkpoints"):
-            none_peak = compiled_stats(apply(fn, none_plan), *args, **stats_kw, **kwargs).peak_bytes
+            none_peak = cached_stats(apply(fn, none_plan), *args, **stats_kw, **kwargs).peak_bytes
         say(f"without its {g.traced.user_checkpoints} jax.checkpoint calls: {format_bytes(none_peak)}")
     predicted_none = evaluate(model.raw_problem, _all_none(model))[0]
     if predicted_none > model.base_bytes and none_peak > model.base_bytes:

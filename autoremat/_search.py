@@ -162,6 +162,7 @@ class PlanSearch:
     history: list = field(default_factory=list)
     twins: list = field(default_factory=list)  # `_twin_points`
     compiles: int = 0  # whole-step compiles this search made (at 1B on this CPU, 7-12 s each)
+    from_cache: int = 0  # of them, read from the compile cache (`autoremat._compile_cache`)
     excess: list = field(default_factory=list)  # compiled / corrected prediction of its segment plans
     curves: dict = field(default_factory=dict)  # `mix_curve`
     lowest_over: bool = False  # `lowest_first` compiled the lowest-peak plan over the budget
@@ -223,6 +224,7 @@ class PlanSearch:
                     st, same_as = later.result()
                 if same_as is None:
                     self.compiles += 1
+                    self.from_cache += st.cached
                 else:
                     self.say(f"  (the same program as {same_as}, compiled before: not compiled again)")
                 _BY_CONTENT[content] = (st.peak_bytes, st.jaxpr_flops - self.none_flops[0],
@@ -727,10 +729,11 @@ class PlanSearch:
         self.say(f"chosen: {how or 'the solver'}: compiled {format_bytes(best.peak)}, "
                  f"+{best.measured / 1e9:.4g} GFLOP recomputed ({best.matmul / 1e9:.4g} in matmuls)"
                  + (f" (model: {best.flops / 1e9:.4g})" if best.flops else "")
-                 + f"; {self.compiles} plans compiled for this budget")
+                 + f"; {self.compiles} plans compiled for this budget"
+                 + (f" ({self.from_cache} of them read from the compile cache)" if self.from_cache else ""))
         plan = replace(best.plan, budget=self.budget, meta={
             **best.plan.meta, **self.meta, "compiled_peak": best.peak, "rounds": _rounds(self.history),
-            "compiles": self.compiles,
+            "compiles": self.compiles, "cached_compiles": self.from_cache,
             "found_by": how, "extra_flops": best.measured, "extra_matmul_flops": best.matmul,
             "hand_candidates": _hand_table(self.sig)})
         return Planned(with_recompute_costs(self.g, plan), self.g.traced, self.model, self.baseline_peak, self.history)
@@ -875,7 +878,7 @@ def _compile_staged(staged: StagedStep, label: str) -> _Stats:
     if key in _BY_PROGRAM:
         st, same_as = _BY_PROGRAM[key]
         return _Stats(replace(st, jaxpr_flops=staged.jaxpr_flops, matmul_flops=staged.matmul_flops), same_as)
-    st = compile_step(staged)
+    st = compile_step(staged, cache=True)
     _BY_PROGRAM.setdefault(key, (st, label))
     return _Stats(st, None)
 

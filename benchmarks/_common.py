@@ -4,6 +4,9 @@ import datetime
 import os
 import platform
 
+# Planning times here are cold: no compile read from an earlier run (autoremat/runtime/_compile_cache.py).
+os.environ["AUTOREMAT_CACHE_DIR"] = "off"
+
 
 def git_state(root: str | None = None) -> str:
     """The commit of the checkout at `root` (default: this one), with `+dirty` if its autoremat/

@@ -7,6 +7,7 @@ reports as peak is recorded beside it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import statistics
@@ -17,12 +18,13 @@ from dataclasses import dataclass, field
 
 import jax
 
+from autoremat import _compile_cache
 from autoremat._xla import cpu_flags_active
 from autoremat.graph._costs import jaxpr_cost, jaxpr_matmul_flops
 from autoremat.runtime._plan import Plan
 
-__all__ = ["CompiledStats", "StagedStep", "ValidationReport", "compile_later", "compile_step", "compiled_stats",
-           "compiled_stats_later", "stage_step", "validate"]
+__all__ = ["CompiledStats", "StagedStep", "ValidationReport", "cached_stats", "compile_later", "compile_step",
+           "compiled_stats", "compiled_stats_later", "stage_step", "validate"]
 
 # Compiles that are not run are read for their memory alone, so on XLA:CPU LLVM need not
 # optimize the machine code: buffer assignment is done on HLO before it.  Measured by
@@ -30,6 +32,9 @@ __all__ = ["CompiledStats", "StagedStep", "ValidationReport", "compile_later", "
 # program there, built-in examples and real-scale models alike, in less compile time.
 MEMORY_ONLY_CPU_OPTIONS = {"xla_backend_optimization_level": 0}
 _POOL: ThreadPoolExecutor | None = None  # compiles started ahead (`compiled_stats_later`)
+# What the compile cache keeps of a `CompiledStats` (`compile_step`).
+_KEPT = ("peak_bytes", "argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "host_bytes",
+         "xla_peak_bytes", "flops", "backend", "compile_time")
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,7 @@ class CompiledStats:
     # matmuls and convolutions alone (`graph.jaxpr_matmul_flops`).
     jaxpr_flops: float | None = None
     matmul_flops: float | None = None
+    cached: bool = False  # read from the compile cache (`autoremat._compile_cache`), not compiled here
 
 
 def _value_and_grad(f, argnums, has_aux):
@@ -73,6 +79,10 @@ class StagedStep:
         StableHLO, compiled with the same options), however their plans were written
         (ResNet-50's nothing_saveable and dots_with_no_batch_dims_saveable per layer, whose
         layers have no matmul, lower to one program)."""
+        return self._digest
+
+    @functools.cached_property
+    def _digest(self) -> str:
         return hashlib.sha256(self.lowered.as_text().encode()).hexdigest()
 
 
@@ -101,6 +111,13 @@ def compiled_stats(fn, *args, argnums=0, static_argnums=(), has_aux=False, n_ste
     return compile_step(staged, n_steps, warmup, run_args, kwargs)
 
 
+def cached_stats(fn, *args, argnums=0, static_argnums=(), has_aux=False, **kwargs) -> CompiledStats:
+    """`compiled_stats` of a memory-only compile, read from or kept in the planner's compile
+    cache (`autoremat._compile_cache`)."""
+    staged = stage_step(fn, *args, argnums=argnums, static_argnums=static_argnums, has_aux=has_aux, **kwargs)
+    return compile_step(staged, cache=True)
+
+
 def _warn_without_cpu_flags() -> None:
     if jax.default_backend() == "cpu" and not cpu_flags_active():
         warnings.warn(
@@ -109,11 +126,20 @@ def _warn_without_cpu_flags() -> None:
             "`autoremat.configure_cpu_flags()` first thing", stacklevel=4)
 
 
-def compile_step(staged: StagedStep, n_steps: int = 0, warmup: int = 1, run_args=(), run_kwargs=None) -> CompiledStats:
-    """`staged` compiled, and read for memory, FLOPs and (with `n_steps`, run on `run_args`) time."""
+def compile_step(staged: StagedStep, n_steps: int = 0, warmup: int = 1, run_args=(), run_kwargs=None,
+                 cache: bool = False) -> CompiledStats:
+    """`staged` compiled, and read for memory, FLOPs and (with `n_steps`, run on `run_args`) time.
+    `cache`: a memory-only compile (no `n_steps`) may be read from, and goes into, the compile
+    cache (`autoremat._compile_cache`: the same program compiled by an earlier process)."""
     backend = jax.default_backend()
+    options = MEMORY_ONLY_CPU_OPTIONS if backend == "cpu" and n_steps <= 0 else None
+    cache = cache and n_steps <= 0
+    kept = _compile_cache.load("stats", staged.program_key(), options) if cache else None
+    if isinstance(kept, dict) and all(k in kept for k in _KEPT):
+        return CompiledStats(**{k: kept[k] for k in _KEPT}, jaxpr_flops=staged.jaxpr_flops,
+                             matmul_flops=staged.matmul_flops, cached=True)
     t0 = time.perf_counter()
-    compiled = staged.lowered.compile(MEMORY_ONLY_CPU_OPTIONS if backend == "cpu" and n_steps <= 0 else None)
+    compiled = staged.lowered.compile(options)
     compile_time = staged.trace_time + time.perf_counter() - t0
     m = compiled.memory_analysis()
     arg, out, temp, alias = (int(getattr(m, k, 0) or 0) for k in (
@@ -122,10 +148,13 @@ def compile_step(staged: StagedStep, n_steps: int = 0, warmup: int = 1, run_args
         "host_temp_size_in_bytes", "host_argument_size_in_bytes", "host_output_size_in_bytes"))
     xla_peak = getattr(m, "peak_memory_in_bytes", None)
     times = _run_times(compiled, n_steps, warmup, run_args, run_kwargs or {})
-    return CompiledStats(arg + out + temp - alias, arg, out, temp, alias, host,
-                         int(xla_peak) if xla_peak is not None else None, _xla_flops(compiled),
-                         statistics.median(times) if times else None, tuple(times), backend, compile_time,
-                         staged.jaxpr_flops, staged.matmul_flops)
+    st = CompiledStats(arg + out + temp - alias, arg, out, temp, alias, host,
+                       int(xla_peak) if xla_peak is not None else None, _xla_flops(compiled),
+                       statistics.median(times) if times else None, tuple(times), backend, compile_time,
+                       staged.jaxpr_flops, staged.matmul_flops)
+    if cache:
+        _compile_cache.store("stats", staged.program_key(), {k: getattr(st, k) for k in _KEPT}, options)
+    return st
 
 
 def _xla_flops(compiled) -> float | None:
