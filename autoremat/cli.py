@@ -39,6 +39,7 @@ from typing import Any  # noqa: E402
 
 import click  # noqa: E402
 
+from autoremat._compile_cache import CACHE_ENV  # noqa: E402
 from autoremat._errors import AutorematError, InfeasibleBudgetError  # noqa: E402
 from autoremat._units import format_bytes, parse_budget  # noqa: E402
 from autoremat._bridge import baseline_segments, plan_segments, to_plan  # noqa: E402
@@ -357,13 +358,19 @@ def _version() -> str:
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True, help="Show the version and exit.",
               callback=lambda ctx, param, value: value and (click.echo(_version()), ctx.exit()))
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
-def main(debug):
+@click.option("--compile-cache", metavar="DIR|off",
+              help="Where planning keeps what XLA said about each program it compiled, so that later runs "
+                   "do not compile it again; 'off' compiles everything afresh [default: $AUTOREMAT_CACHE_DIR, "
+                   "else ~/.cache/autoremat/compiled].")
+def main(debug, compile_cache):
     """autoremat: automatic gradient checkpointing for JAX.
 
     MODEL is MODULE:FACTORY (an importable module or a file model.py) naming a callable that
     returns (fn, args) or an object with .fn and .args; or example:NAME for a built-in
     example (mlp_chain, transformer, transformer_scan, convnet).
     """
+    if compile_cache is not None:
+        os.environ[CACHE_ENV] = compile_cache
 
 
 def _model_options(f):

@@ -79,6 +79,9 @@ def main(argv=None) -> int:
         return 0
     from _common import provenance
 
+    from autoremat._xla import configure_cpu_flags
+
+    configure_cpu_flags()  # the children's flags (they set them too), for the provenance line
     t0, rows = time.perf_counter(), []
     for model in a.models:
         layout, budgets = CASES[model]
@@ -103,7 +106,8 @@ def main(argv=None) -> int:
             "(tracing, the graph, the chain model, the un-optimized step's compile and the search); 'process s': "
             "the whole process, Python and JAX's imports and the model's construction included. 'read back': "
             "the warm run's whole-step compiles answered from the cache. 'same plan': the same plan, compiled "
-            "peak, matmul FLOPs and compile count both times.", "",
+            "peak, matmul FLOPs and compile count both times. The FSDP rows run on `sharded.py`'s 8-device host mesh "
+            "(its XLA_FLAGS add `--xla_force_host_platform_device_count=8`).", "",
             "| model | budget GiB | plan | compiled GiB | compiles | cold planning s | cold process s | read back | "
             "warm planning s | warm process s | same plan |",
             "|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]))

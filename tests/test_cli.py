@@ -77,6 +77,17 @@ def test_search_module_form_with_set_and_no_validate(tmp_path, monkeypatch):
     assert Plan.load(tmp_path / "p.json").n_eqns > 0
 
 
+def test_search_keeps_its_compiles_where_compile_cache_says(tmp_path, monkeypatch):
+    """`--compile-cache DIR`: the planner's compiles go there for later runs (autoremat/_compile_cache.py)."""
+    from autoremat._compile_cache import CACHE_ENV
+
+    monkeypatch.setenv(CACHE_ENV, "off")  # restored after the test: the option sets it for the process
+    cache = tmp_path / "cache"
+    run("--compile-cache", cache, "search", TINY, "--set", "n_layers=7", "--budget", TINY_BUDGET, "--solver", "dp",
+        "-q", "-o", tmp_path / "p.json")
+    assert len(list(cache.rglob("*.json"))) >= 2  # the un-optimized step and at least one plan
+
+
 def test_search_example_object_factory(tmp_path):
     """A factory returning an object with .fn and .args (autoremat.examples.Example)."""
     result = run("search", f"{FACTORIES}:tiny_example", "--budget", "1.0", "-q", "-o", tmp_path / "p.json")
