@@ -25,9 +25,21 @@ import importlib.util
 import os
 import sys
 
-__all__ = ["CPU_XLA_FLAGS", "accelerator_expected", "configure_cpu_flags", "cpu_flags_active"]
+__all__ = ["CPU_XLA_FLAGS", "MEMORY_ONLY_CPU_OPTIONS", "accelerator_expected", "configure_cpu_flags",
+           "cpu_flags_active"]
 
 CPU_XLA_FLAGS = ("--xla_disable_hlo_passes=cse_barrier_expander",)
+# Compile options for programs that are compiled to be read (memory, shardings), never run: on
+# XLA:CPU LLVM need not optimize the machine code, as buffer assignment and sharding
+# propagation are done on HLO before it.  Measured by benchmarks/compile_options.py
+# (results/compile_options.md): the same compiled peak on every program there, built-in
+# examples and real-scale models alike, in less compile time; and on the sharded graph's
+# compile (`graph/_shardings.py`) the same split of every value of the 1B decoder under FSDP
+# and FSDP x TP, of the 8B scan, and of the mixture-of-experts and penzai scan decoders of
+# benchmarks/sharded.py's unseen models (FSDP, batch x8), in 6.3 s against 7.1-7.6, 6.0 against
+# 8.3, 2.0 against 3.4, 2.2 against 2.9 and 4.3 against 6.1 (a /tmp probe timing
+# `propagated_divisors` both ways, docs/FINDINGS.md twenty-seventh session).
+MEMORY_ONLY_CPU_OPTIONS = {"xla_backend_optimization_level": 0}
 _PASS = "cse_barrier_expander"
 
 

@@ -13,8 +13,8 @@ value's per-device size.  The backward pass must be in the program: compiled alo
 forward pass of `benchmarks/sharded.py`'s 1B decoder under FSDP left its attention values
 replicated, 292017 MiB of forward values per device against the step's 65364
 (`benchmarks/results/shard_sizes.md`).  One compile per signature, of about the step's size
-(8 s of the sharded 1B's 9 s graph build on this 2-core CPU; kept for later processes by
-`autoremat._compile_cache`).
+(6-8 s of the sharded 1B's 9 s graph build on this 2-core CPU; memory-only options, as for the
+planner's compiles; kept for later processes by `autoremat._compile_cache`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import jax.extend as jex
 import numpy as np
 
 from autoremat import _compile_cache
+from autoremat._xla import MEMORY_ONLY_CPU_OPTIONS
 from autoremat.graph._interpret import eval_eqn, eval_jaxpr, scan_counts
 from autoremat.graph._trace import Traced, concrete_sharding
 
@@ -70,15 +71,16 @@ def _compile_divisors(t: Traced, shardings: list) -> dict[tuple, float]:
 
     try:
         lowered = jax.jit(step).lower(*args)
+        options = MEMORY_ONLY_CPU_OPTIONS if jax.default_backend() == "cpu" else None  # read, never run
         key = hashlib.sha256(lowered.as_text().encode()).hexdigest()
-        kept = _compile_cache.load("divisors", key)  # this program compiled by an earlier process
+        kept = _compile_cache.load("divisors", key, options)  # this program compiled by an earlier process
         if isinstance(kept, list) and len(kept) == len(where):
             return {w: float(f) for (w, _), f in zip(where, kept)}
-        out = lowered.compile().output_shardings[0]
+        out = lowered.compile(options).output_shardings[0]
     except Exception:  # noqa: BLE001 - a layout we cannot compile alone: the caller's estimate stands
         return {}
     factors = [_factor(aval, s) for (_, aval), s in zip(where, out)]
-    _compile_cache.store("divisors", key, factors)
+    _compile_cache.store("divisors", key, factors, options)
     return {w: f for (w, _), f in zip(where, factors)}
 
 

@@ -19,18 +19,13 @@ from dataclasses import dataclass, field
 import jax
 
 from autoremat import _compile_cache
-from autoremat._xla import cpu_flags_active
+from autoremat._xla import MEMORY_ONLY_CPU_OPTIONS, cpu_flags_active
 from autoremat.graph._costs import jaxpr_cost, jaxpr_matmul_flops
 from autoremat.runtime._plan import Plan
 
 __all__ = ["CompiledStats", "StagedStep", "ValidationReport", "cached_stats", "compile_later", "compile_step",
            "compiled_stats", "compiled_stats_later", "stage_step", "validate"]
 
-# Compiles that are not run are read for their memory alone, so on XLA:CPU LLVM need not
-# optimize the machine code: buffer assignment is done on HLO before it.  Measured by
-# benchmarks/compile_options.py (results/compile_options.md): the same compiled peak on every
-# program there, built-in examples and real-scale models alike, in less compile time.
-MEMORY_ONLY_CPU_OPTIONS = {"xla_backend_optimization_level": 0}
 _POOL: ThreadPoolExecutor | None = None  # compiles started ahead (`compiled_stats_later`)
 # What the compile cache keeps of a `CompiledStats` (`compile_step`).
 _KEPT = ("peak_bytes", "argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "host_bytes",
