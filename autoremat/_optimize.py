@@ -170,7 +170,12 @@ def _calibrated(fn, g, model: ChainModel, call, baseline_peak: int, offload: boo
         say(f"without its {g.traced.user_checkpoints} jax.checkpoint calls: {format_bytes(none_peak)}")
     predicted_none = evaluate(model.raw_problem, _all_none(model))[0]
     if predicted_none > model.base_bytes and none_peak > model.base_bytes:
-        # Clamped to [0.3, 1.5], a guard no measurement set; the 1B decoders hit 1.5 (issue 14).
+        # Clamped to [0.3, 1.5].  The unclamped scale measured 1.12-1.39 on the four built-in
+        # examples and 1.43-3.06 on the 17 real-scale models of benchmarks/realscale.py and
+        # unseen.py, so 1.5 binds on 16 of those.  Lifting the bound to 4.0 gave the same plans
+        # on the 1B Llama, GPT and equinox (realscale.py, 14 of 15 points; the 15th the same
+        # FLOPs, 9.45 GiB for 9.42) and a compile more at three budgets: the checkpointed layers'
+        # error, not this one, decides there (docs/FINDINGS.md, twenty-seventh session).
         scale = min(1.5, max(0.3, (none_peak - model.base_bytes) / (predicted_none - model.base_bytes)))
         if abs(scale - 1.0) > 0.03:
             say(f"calibrated the residual model to the compiled step (x{scale:.2f})")
