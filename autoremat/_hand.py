@@ -246,10 +246,11 @@ class HandSearch:
         n = len(self.layers)
         order = self._fastest_first(plans)
         for i, (pol, label, plan) in enumerate(order):
-            later = order[i + 1:i + 1 + AHEAD]
-            if not self._model_over(pol, limit):  # the leaner ones are compiled only if this one is over
-                later = [q for q in later if q[0] == pol]  # a scan's other variant, compiled anyway
-            got = self.compile(_expecting(plan, self._policy_expected(pol)), label, [q[2] for q in later])
+            certain = _certain(order, i)
+            # the leaner ones are compiled only if this one is over, or if it cannot end the phase
+            later = order[i + 1:i + 1 + AHEAD] if self._model_over(pol, limit) else certain[:AHEAD]
+            got = self.compile(_expecting(plan, self._policy_expected(pol)), label, [q[2] for q in later],
+                               [(q[2], q[1]) for q in certain])
             self.say(f"hand-written {label} ({n} layers): compiled {format_bytes(got.peak)}, "
                      f"+{got.extra_flops / 1e9:.4g} GFLOP")
             if pol not in self.points or got.peak < self.points[pol].peak:
@@ -643,6 +644,18 @@ class HandSearch:
         """What each layer gets with the last `k` under `fast` and the rest under `lean`."""
         n = len(self.layers)
         return [self.choice[lean](i) for i in range(n - k)] + [self.choice[fast](i) for i in range(n - k, n)]
+
+
+def _certain(order: Sequence[tuple], i: int) -> list:
+    """The plans after `order[i]` that `HandSearch.uniform` compiles whatever their peaks: up to
+    the last variant of the next of JAX's policies (only one of those that fits ends the phase;
+    a scan's variants with and without barriers are one policy, compiled both)."""
+    out = []
+    for j in range(i + 1, len(order)):
+        if order[j - 1][0] in HAND_POLICIES and order[j][0] != order[j - 1][0]:
+            break
+        out.append(order[j])
+    return out
 
 
 def _expecting(plan: Plan, expected: float | None) -> Plan:

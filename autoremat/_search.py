@@ -203,10 +203,11 @@ class PlanSearch:
         return self.fallback()
 
     # -- compiling -------------------------------------------------------------------------
-    def compile_once(self, key, plan: Plan, extra: float, flops: float, ahead=()) -> _Compiled:
+    def compile_once(self, key, plan: Plan, extra: float, flops: float, ahead=(), beside=()) -> _Compiled:
         """`plan` compiled (once per process and signature), filed under `key`; while XLA
-        compiles it, the plans of `ahead` (the likeliest next ones) are traced and lowered
-        (`stage_ahead`).  Plans with the same regions and scan plans compile alike and are
+        compiles it, the first plan of `beside` (plans certain to be compiled next) with another
+        program is compiled too (`start_beside`) and the plans of `ahead` (the likeliest next
+        ones) are traced and lowered (`stage_ahead`).  Plans with the same regions and scan plans compile alike and are
         compiled once: at 8B (FSDP x TP) six scan-body options at caps 65-100% had one saved set
         and were compiled six times, 3.6 s each.  No region and no scan plan is the
         un-optimized step, compiled already."""
@@ -217,9 +218,11 @@ class PlanSearch:
             if content not in _BY_CONTENT:
                 label = plan.meta.get("found_by") or "a candidate plan"
                 with working(self.say, f"compiling {label}"):
-                    later = _STARTED.pop(self._started_key(plan), None)
+                    later, running = _STARTED.pop(self._started_key(plan), None), None
                     if later is None:  # traced here (or ahead), compiled while the next are traced
-                        later = compile_later(_compile_staged, self.staged(plan), label)
+                        staged = self.staged(plan)
+                        later, running = compile_later(_compile_staged, staged, label), staged.program_key()
+                    self.start_beside(beside, running)
                     self.stage_ahead(ahead, later)
                     st, same_as = later.result()
                 if same_as is None:
@@ -263,6 +266,26 @@ class PlanSearch:
                 staged = self._stage(plan)
             except Exception:  # noqa: BLE001 - speculative: the plan's own compile raises it, if ever needed
                 continue
+            while len(_STAGED) >= MAX_STAGED:  # the oldest: not taken since
+                del _STAGED[next(iter(_STAGED))]
+            _STAGED[key] = staged
+
+    def start_beside(self, plans, running: str | None) -> None:
+        """Compile the first of `plans` whose program is neither `running` (the program
+        compiling) nor compiled before, now, beside it; the ones before it are left staged
+        (traced and lowered once).  `plans` are certain to be compiled next (`HandSearch.uniform`:
+        MaxText's presets never end that phase), so the second core compiles too: two 1B steps
+        side by side took 11.4 and 12.1 s where one after the other took 8.0 + 7.2 and 7.8 + 8.5
+        (docs/FINDINGS.md, twenty-sixth session)."""
+        for plan in plans:
+            key = self._started_key(plan)
+            if key in _STARTED or (self.sig, key[1]) in _BY_CONTENT or self.is_unoptimized(plan):
+                continue
+            staged = self.staged(plan)
+            program = staged.program_key()
+            if program != running and program not in _BY_PROGRAM:
+                _STARTED[key] = compile_later(_compile_staged, staged, plan.meta.get("found_by") or "a plan")
+                return
             while len(_STAGED) >= MAX_STAGED:  # the oldest: not taken since
                 del _STAGED[next(iter(_STAGED))]
             _STAGED[key] = staged
@@ -319,13 +342,15 @@ class PlanSearch:
         """(predicted, compiled peak) of the hand-written plans' twins (`_twin_points`)."""
         return [(peak / ratio, peak) for peak, ratio in self.twins]
 
-    def compile_hand(self, plan: Plan, label: str, ahead=()) -> HandPlan:
-        """A hand-written plan, compiled (the plans of `ahead` traced meanwhile: `compile_once`);
-        its estimated extra time is the roofline time of the FLOPs it recomputes (the chain
-        model cannot express a JAX policy per layer)."""
+    def compile_hand(self, plan: Plan, label: str, ahead=(), beside=()) -> HandPlan:
+        """A hand-written plan, compiled (the plans of `ahead` traced meanwhile, the first of
+        `beside`, (plan, label) pairs certain to be compiled next, compiled beside it:
+        `compile_once`); its estimated extra time is the roofline time of the FLOPs it
+        recomputes (the chain model cannot express a JAX policy per layer)."""
         key = ("hand", label)
+        beside = [replace(p, budget=self.budget, meta={**p.meta, "found_by": lab}) for p, lab in beside]
         c = self.compile_once(key, replace(plan, budget=self.budget, meta={**plan.meta, "found_by": label}), 0.0, 0.0,
-                              ahead)
+                              ahead, beside)
         if c.plan.estimated_extra_time is None:  # compiled just now
             extra = self.g.profile.op_time(OpCost(flops=max(c.measured, 0.0)), self._dtype())
             c = _COMPILED[(self.sig, key)] = c._replace(extra=extra, plan=replace(c.plan, estimated_extra_time=extra))

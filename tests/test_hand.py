@@ -941,12 +941,15 @@ def test_presets_are_compiled_fewest_flops_first_up_to_the_first_policy_that_fit
              "maxtext save_dot_except_mlpwi": (52736884, 12213.81), "maxtext save_dot_except_mlp": (52736884, 12213.81),
              "maxtext save_qkv_proj": (51686252, 12482.25), "maxtext save_out_proj": (47504220, 13019.12),
              "nothing_saveable": (49871700, 13287.56)}
-    compiled = []
+    compiled, beside = [], []
 
-    def compile(plan, label, ahead=()):
-        pol = next(p for p in table if label.startswith(p.replace("maxtext ", "MaxText's ") + " per layer"))
-        compiled.append(pol)
-        return _hand.HandPlan(label, plan, table[pol][0], table[pol][1] * 1e6)
+    def policy(label):
+        return next(p for p in table if label.startswith(p.replace("maxtext ", "MaxText's ") + " per layer"))
+
+    def compile(plan, label, ahead=(), certain=()):
+        compiled.append(policy(label))
+        beside.append([policy(lab) for _, lab in certain])
+        return _hand.HandPlan(label, plan, table[policy(label)][0], table[policy(label)][1] * 1e6)
 
     none = _hand.HandPlan("no remat", None, 82_400_000, 0.0)
     hand = _hand.HandSearch(g, layers, compile, none, lambda m: None, presets=_hand.maxtext_presets(g, layers))
@@ -954,6 +957,12 @@ def test_presets_are_compiled_fewest_flops_first_up_to_the_first_policy_that_fit
     hand.uniform(plans, 50_000_000)  # save_out_proj fits; nothing_saveable is the first policy that does
     assert compiled == sorted(compiled, key=lambda p: table[p][1]) and compiled[-1] == "nothing_saveable"
     assert compiled[:3] == ["dots_saveable", "maxtext minimal_with_context", "dots_with_no_batch_dims_saveable"]
+    # The plans said certain while one compiles (compiled beside it: `PlanSearch.start_beside`) are
+    # the ones compiled next: after a preset, up to the next policy; after a policy, none.
+    assert all(later == compiled[i + 1:i + 1 + len(later)] for i, later in enumerate(beside))
+    assert beside[compiled.index("maxtext save_dot_with_context_except_mlp")] == compiled[
+        compiled.index("maxtext save_dot_with_context_except_mlp") + 1:]
+    assert beside[compiled.index("dots_with_no_batch_dims_saveable")] == []
     front = hand._front()
     assert {"nothing_saveable", "maxtext save_out_proj", "dots_with_no_batch_dims_saveable"} <= front
     assert "maxtext minimal" not in front  # dots_with_no_batch_dims_saveable's peak and FLOPs, a policy
