@@ -100,6 +100,7 @@ _MODEL_POINTS: dict = {}
 # (signature, `_plan_content`) -> Future of the plan's `CompiledStats`: compiles started before
 # the search (`start_first_hand_plans`), taken by the first `compile_once` that needs them.
 _STARTED: dict = {}
+_STARTED_PROGRAM: dict = {}  # (signature, `_plan_content`) -> program key of a plan `start_beside` started
 # (signature, `_plan_content`) -> StagedStep: plans traced and lowered while another compiled
 # (`PlanSearch.stage_ahead`), taken by the first `compile_once` that needs them; at most
 # MAX_STAGED, the oldest dropped first (a search stages at most `_hand.AHEAD` per compile).
@@ -218,7 +219,8 @@ class PlanSearch:
             if content not in _BY_CONTENT:
                 label = plan.meta.get("found_by") or "a candidate plan"
                 with working(self.say, f"compiling {label}"):
-                    later, running = _STARTED.pop(self._started_key(plan), None), None
+                    later = _STARTED.pop(self._started_key(plan), None)
+                    running = _STARTED_PROGRAM.pop(self._started_key(plan), None)
                     if later is None:  # traced here (or ahead), compiled while the next are traced
                         staged = self.staged(plan)
                         later, running = compile_later(_compile_staged, staged, label), staged.program_key()
@@ -283,8 +285,9 @@ class PlanSearch:
                 continue
             staged = self.staged(plan)
             program = staged.program_key()
-            if program != running and program not in _BY_PROGRAM:
+            if program != running and program not in _BY_PROGRAM and program not in _STARTED_PROGRAM.values():
                 _STARTED[key] = compile_later(_compile_staged, staged, plan.meta.get("found_by") or "a plan")
+                _STARTED_PROGRAM[key] = program
                 return
             while len(_STAGED) >= MAX_STAGED:  # the oldest: not taken since
                 del _STAGED[next(iter(_STAGED))]
