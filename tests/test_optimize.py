@@ -697,3 +697,43 @@ def test_a_plan_is_expected_between_the_compiled_plans_nearest_in_predicted_peak
     assert search.expected(400.0) == 520  # above every point: the nearest one's ratio, x1.3
     _search._MODEL_POINTS[search.sig].append((300.0, 300))  # a later plan elsewhere changes nothing here
     assert search.expected(150.0) == 205
+
+
+def _a_new_process(monkeypatch):
+    """The planner's per-process memory emptied, as in a new process."""
+    from autoremat import _search
+
+    for module, names in ((_optimize, ("_BASELINES", "_PREPARED")),
+                          (_search, ("_COMPILED", "_BY_CONTENT", "_LAYER_OPTIONS", "_MODEL_POINTS", "_STARTED",
+                                     "_STARTED_PROGRAM", "_STAGED", "_BY_PROGRAM"))):
+        for name in names:
+            monkeypatch.setattr(module, name, {})
+
+
+def test_presets_compiled_beside_each_other_give_the_same_plan_and_compiles(monkeypatch):
+    """MaxText's presets never end the uniform phase, so while one compiles the next is compiled
+    beside it (`PlanSearch.start_beside`): the same plan and the same compile count as one at a
+    time (a program two presets share, as save_dot_except_mlpwi's and save_dot_except_mlp's, is
+    compiled once), with at least one compile started beside another."""
+    from autoremat import _search
+
+    knobs = dict(n_layers=2, d_model=64, n_heads=2, seq=32, batch=2)
+    ex = examples.get_example("transformer", **knobs)
+    lean = examples.get_example("transformer", policy=jax.checkpoint_policies.nothing_saveable, **knobs)
+    budget = compiled_stats(lean.fn, *lean.args).peak_bytes  # the presets leaner than dots_no_batch compile
+    started = []
+    real = _search.PlanSearch.start_beside
+
+    def counting(self, plans, running):
+        before = set(_search._STARTED)
+        real(self, plans, running)
+        started.extend(set(_search._STARTED) - before)
+
+    runs = []
+    for beside in (False, True):
+        _a_new_process(monkeypatch)
+        monkeypatch.setattr(_search.PlanSearch, "start_beside", counting if beside else lambda self, p, r: None)
+        plan = autoremat.optimize(ex.fn, budget=budget).plan(*ex.args)
+        runs.append({k: plan.meta.get(k) for k in ("found_by", "compiled_peak", "compiles", "extra_flops")})
+    assert runs[0] == runs[1]
+    assert started
