@@ -30,7 +30,7 @@ from pathlib import Path
 
 import jax
 
-__all__ = ["CACHE_ENV", "cache_dir", "load", "store"]
+__all__ = ["CACHE_ENV", "cache_dir", "load", "program_key", "store"]
 
 CACHE_ENV = "AUTOREMAT_CACHE_DIR"
 _OFF = ("", "0", "off", "none", "false")
@@ -46,6 +46,12 @@ def cache_dir() -> Path | None:
         return None if where.strip().lower() in _OFF else Path(where).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "autoremat" / "compiled"
+
+
+def program_key(lowered) -> str:
+    """The digest a lowered program (`jax.stages.Lowered`) is known by: of its StableHLO text,
+    shardings and partition counts included.  Programs with equal keys compile alike."""
+    return hashlib.sha256(lowered.as_text().encode()).hexdigest()
 
 
 def _environment(options) -> list:

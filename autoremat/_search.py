@@ -268,9 +268,7 @@ class PlanSearch:
                 staged = self._stage(plan)
             except Exception:  # noqa: BLE001 - speculative: the plan's own compile raises it, if ever needed
                 continue
-            while len(_STAGED) >= MAX_STAGED:  # the oldest: not taken since
-                del _STAGED[next(iter(_STAGED))]
-            _STAGED[key] = staged
+            _keep_staged(key, staged)
 
     def start_beside(self, plans, running: str | None) -> None:
         """Compile the first of `plans` whose program is neither `running` (the program
@@ -289,9 +287,7 @@ class PlanSearch:
                 _STARTED[key] = compile_later(_compile_staged, staged, plan.meta.get("found_by") or "a plan")
                 _STARTED_PROGRAM[key] = program
                 return
-            while len(_STAGED) >= MAX_STAGED:  # the oldest: not taken since
-                del _STAGED[next(iter(_STAGED))]
-            _STAGED[key] = staged
+            _keep_staged(key, staged)
 
     def is_unoptimized(self, plan: Plan) -> bool:
         """`plan` runs the function as traced, which is what the baseline compile measured (the
@@ -882,6 +878,14 @@ def _chain_builder() -> ThreadPoolExecutor:
 class _Stats(NamedTuple):
     stats: CompiledStats
     same_as: str | None  # the plan compiled before whose program this one's is (not compiled again)
+
+
+def _keep_staged(key, staged: StagedStep) -> None:
+    """`staged` kept for the first `compile_once` that needs it; at most MAX_STAGED, the oldest
+    (not taken since) dropped first."""
+    while len(_STAGED) >= MAX_STAGED:
+        del _STAGED[next(iter(_STAGED))]
+    _STAGED[key] = staged
 
 
 def _stage(fn, plan: Plan, args, stats_kw: dict, kwargs: dict) -> StagedStep:

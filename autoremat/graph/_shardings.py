@@ -19,8 +19,6 @@ planner's compiles; kept for later processes by `autoremat._compile_cache`).
 
 from __future__ import annotations
 
-import hashlib
-
 import jax
 import jax.extend as jex
 import numpy as np
@@ -72,7 +70,7 @@ def _compile_divisors(t: Traced, shardings: list) -> dict[tuple, float]:
     try:
         lowered = jax.jit(step).lower(*args)
         options = MEMORY_ONLY_CPU_OPTIONS if jax.default_backend() == "cpu" else None  # read, never run
-        key = hashlib.sha256(lowered.as_text().encode()).hexdigest()
+        key = _compile_cache.program_key(lowered)
         kept = _compile_cache.load("divisors", key, options)  # this program compiled by an earlier process
         if isinstance(kept, list) and len(kept) == len(where):
             return {w: float(f) for (w, _), f in zip(where, kept)}

@@ -8,7 +8,6 @@ reports as peak is recorded beside it.
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import statistics
 import time
@@ -24,9 +23,9 @@ from autoremat.graph._costs import jaxpr_cost, jaxpr_matmul_flops
 from autoremat.runtime._plan import Plan
 
 __all__ = ["CompiledStats", "StagedStep", "ValidationReport", "cached_stats", "compile_later", "compile_step",
-           "compiled_stats", "compiled_stats_later", "stage_step", "validate"]
+           "compiled_stats", "stage_step", "validate"]
 
-_POOL: ThreadPoolExecutor | None = None  # compiles started ahead (`compiled_stats_later`)
+_POOL: ThreadPoolExecutor | None = None  # compiles started ahead (`compile_later`)
 # What the compile cache keeps of a `CompiledStats` (`compile_step`).
 _KEPT = ("peak_bytes", "argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "host_bytes",
          "xla_peak_bytes", "flops", "backend", "compile_time")
@@ -78,7 +77,7 @@ class StagedStep:
 
     @functools.cached_property
     def _digest(self) -> str:
-        return hashlib.sha256(self.lowered.as_text().encode()).hexdigest()
+        return _compile_cache.program_key(self.lowered)
 
 
 def stage_step(fn, *args, argnums=0, static_argnums=(), has_aux=False, **kwargs) -> StagedStep:
@@ -172,17 +171,11 @@ def _run_times(compiled, n_steps: int, warmup: int, args, kwargs) -> list[float]
     return times
 
 
-def compiled_stats_later(fn, *args, **kwargs) -> Future:
-    """`compiled_stats(fn, *args, **kwargs)` started on a background thread: a Future of its
-    `CompiledStats`.  XLA compiles without holding Python's lock, so programs known in advance
-    compile side by side, on as many threads as the machine has cores, while the caller goes
-    on (JAX's tracing is thread-safe)."""
-    return compile_later(compiled_stats, fn, *args, **kwargs)
-
-
 def compile_later(compile, *args, **kwargs) -> Future:
-    """`compile(*args, **kwargs)` (a compile, such as `compiled_stats`) on the background
-    threads of `compiled_stats_later`: a Future of its result."""
+    """`compile(*args, **kwargs)` (a compile, such as `compiled_stats`) started on a background
+    thread: a Future of its result.  XLA compiles without holding Python's lock, so programs
+    known in advance compile side by side, on as many threads as the machine has cores, while
+    the caller goes on (JAX's tracing is thread-safe)."""
     global _POOL
     if _POOL is None:
         _POOL = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="autoremat-compile")
