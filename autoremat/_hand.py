@@ -190,11 +190,13 @@ def uniform_plans(g: Graph, layers: Sequence[Layer], meta: dict | None = None,
 class HandSearch:
     """The hand-written plans of one traced function.
 
-    `compile(plan, label)` is the caller's: it compiles a plan (once per process) and returns a
-    `HandPlan`.  `none` is the un-optimized step as a `HandPlan` (no region at all).
+    `compile(plan, label, ahead=(), beside=())` is the caller's: it compiles a plan (once per
+    process) and returns a `HandPlan`; the plans of `ahead` are the likeliest next, worth tracing
+    meanwhile, the (plan, label) pairs of `beside` certain to be compiled next (`_certain`).
+    `none` is the un-optimized step as a `HandPlan` (no region at all).
     """
 
-    def __init__(self, g: Graph, layers: Sequence[Layer], compile: Callable[[Plan, str], HandPlan],
+    def __init__(self, g: Graph, layers: Sequence[Layer], compile: Callable[..., HandPlan],
                  none: HandPlan, say: Callable[[str], None], meta: dict | None = None,
                  curve: Callable[[object, object], Sequence[int] | None] | None = None,
                  known: Callable[[str], HandPlan | None] | None = None,
