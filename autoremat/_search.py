@@ -97,10 +97,10 @@ _LAYER_OPTIONS: dict = {}  # (fingerprint, argument types) -> `_layer_options.il
 # signature -> (predicted, compiled peak) of each plan of the chain model compiled for it
 # (`PlanSearch.expected`).
 _MODEL_POINTS: dict = {}
-# (signature, `_plan_content`) -> Future of the plan's `CompiledStats`: compiles started before
-# the search (`start_first_hand_plans`), taken by the first `compile_once` that needs them.
+# (signature, `_plan_content`) -> (Future of the plan's `CompiledStats`, its program key or None):
+# compiles started before the search (`start_first_hand_plans`, program not yet known) or beside
+# another (`PlanSearch.start_beside`), taken by the first `compile_once` that needs them.
 _STARTED: dict = {}
-_STARTED_PROGRAM: dict = {}  # (signature, `_plan_content`) -> program key of a plan `start_beside` started
 # (signature, `_plan_content`) -> StagedStep: plans traced and lowered while another compiled
 # (`PlanSearch.stage_ahead`), taken by the first `compile_once` that needs them; at most
 # MAX_STAGED, the oldest dropped first (a search stages at most `_hand.AHEAD` per compile).
@@ -219,8 +219,7 @@ class PlanSearch:
             if content not in _BY_CONTENT:
                 label = plan.meta.get("found_by") or "a candidate plan"
                 with working(self.say, f"compiling {label}"):
-                    later = _STARTED.pop(self._started_key(plan), None)
-                    running = _STARTED_PROGRAM.pop(self._started_key(plan), None)
+                    later, running = _STARTED.pop(self._started_key(plan), (None, None))
                     if later is None:  # traced here (or ahead), compiled while the next are traced
                         staged = self.staged(plan)
                         later, running = compile_later(_compile_staged, staged, label), staged.program_key()
@@ -283,9 +282,8 @@ class PlanSearch:
                 continue
             staged = self.staged(plan)
             program = staged.program_key()
-            if program != running and program not in _BY_PROGRAM and program not in _STARTED_PROGRAM.values():
-                _STARTED[key] = compile_later(_compile_staged, staged, plan.meta.get("found_by") or "a plan")
-                _STARTED_PROGRAM[key] = program
+            if program != running and program not in _BY_PROGRAM and all(p != program for _, p in _STARTED.values()):
+                _STARTED[key] = compile_later(_compile_staged, staged, plan.meta.get("found_by") or "a plan"), program
                 return
             _keep_staged(key, staged)
 
@@ -863,7 +861,7 @@ def start_first_hand_plans(fn, g: Graph, layers, call) -> None:
     for plan in first:
         key = (g.traced.signature, _plan_content(plan))
         if key not in _STARTED and not any(k[0][0] == key[0] and k[1] == key[1] for k in _BY_CONTENT):
-            _STARTED[key] = compile_later(_stats, fn, plan, args, stats_kw, kwargs)
+            _STARTED[key] = compile_later(_stats, fn, plan, args, stats_kw, kwargs), None
 
 
 def _chain_builder() -> ThreadPoolExecutor:

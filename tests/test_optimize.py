@@ -705,7 +705,7 @@ def _a_new_process(monkeypatch):
 
     for module, names in ((_optimize, ("_BASELINES", "_PREPARED")),
                           (_search, ("_COMPILED", "_BY_CONTENT", "_LAYER_OPTIONS", "_MODEL_POINTS", "_STARTED",
-                                     "_STARTED_PROGRAM", "_STAGED", "_BY_PROGRAM"))):
+                                     "_STAGED", "_BY_PROGRAM"))):
         for name in names:
             monkeypatch.setattr(module, name, {})
 
