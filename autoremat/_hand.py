@@ -244,15 +244,21 @@ class HandSearch:
         tagged Llama 1B, `save_out_proj` per layer compiles below `nothing_saveable`'s peak, yet
         at the 9 + 9 `nothing_saveable` / `dots_with_no_batch_dims_saveable` mix's 10.72 GiB its
         own mixes fit 7 layers of the faster policy where `nothing_saveable`'s fit 9
-        (benchmarks/results/presets.md)."""
+        (benchmarks/results/presets.md).  Where the chain model puts a policy over the limit
+        (`_model_over`: at 1B it under-predicts them), the next is compiled beside it: alone in a
+        fresh process on the 1B Llama under FSDP, `nothing_saveable` was ready 1.8 s after
+        `dots_with_no_batch_dims_saveable` where it took 7.1 s after it (docs/FINDINGS.md,
+        twenty-eighth session)."""
         n = len(self.layers)
         order = self._fastest_first(plans)
         for i, (pol, label, plan) in enumerate(order):
             certain = _certain(order, i)
-            # the leaner ones are compiled only if this one is over, or if it cannot end the phase
-            later = order[i + 1:i + 1 + AHEAD] if self._model_over(pol, limit) else certain[:AHEAD]
+            # the leaner ones are compiled only if this one is over, or if it cannot end the phase;
+            # where the model puts this one over, the next is compiled beside it
+            over = self._model_over(pol, limit)
+            later = order[i + 1:i + 1 + AHEAD] if over else certain[:AHEAD]
             got = self.compile(_expecting(plan, self._policy_expected(pol)), label, [q[2] for q in later],
-                               [(q[2], q[1]) for q in certain])
+                               [(q[2], q[1]) for q in (later if over else certain)])
             self.say(f"hand-written {label} ({n} layers): compiled {format_bytes(got.peak)}, "
                      f"+{got.extra_flops / 1e9:.4g} GFLOP")
             if pol not in self.points or got.peak < self.points[pol].peak:

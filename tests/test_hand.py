@@ -926,6 +926,29 @@ def _ex_args(ex):
     return (ex.fn, *ex.args)
 
 
+def test_the_next_policy_is_compiled_beside_one_the_model_puts_over():
+    """Where the model puts a JAX policy over the budget, the next one is compiled beside it
+    (`PlanSearch.start_beside`): the model under-predicts the policies at 1B, so that one is
+    then compiled next all but surely.  Where it does not, none is: the policy may end the phase."""
+    ex = examples.get_example("transformer")
+    g, layers = _layers(ex)
+    peaks = {"dots_saveable": 59550796, "dots_with_no_batch_dims_saveable": 55880764, "nothing_saveable": 49871700}
+    compiled, beside = [], []
+
+    def compile(plan, label, ahead=(), certain=()):
+        pol = label.split(" per layer")[0]
+        compiled.append(pol)
+        beside.append([lab.split(" per layer")[0] for _, lab in certain][:1])
+        return _hand.HandPlan(label, plan, peaks[pol], 0.0)
+
+    none = _hand.HandPlan("no remat", None, 82_400_000, 0.0)
+    hand = _hand.HandSearch(g, layers, compile, none, lambda m: None)
+    hand._model_over = lambda pol, limit: pol == "dots_saveable"
+    hand.uniform(_hand.uniform_plans(g, layers), 56_000_000)
+    assert compiled == ["dots_saveable", "dots_with_no_batch_dims_saveable"]
+    assert beside == [["dots_with_no_batch_dims_saveable"], []]
+
+
 def test_presets_are_compiled_fewest_flops_first_up_to_the_first_policy_that_fits():
     """`HandSearch.uniform` with MaxText's presets: compiled in order of the FLOPs they recompute
     (JAX's policies keep theirs), a preset that fits does not end the phase (the leaner policies
