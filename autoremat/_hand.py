@@ -192,7 +192,8 @@ class HandSearch:
 
     `compile(plan, label, ahead=(), beside=())` is the caller's: it compiles a plan (once per
     process) and returns a `HandPlan`; the plans of `ahead` are the likeliest next, worth tracing
-    meanwhile, the (plan, label) pairs of `beside` certain to be compiled next (`_certain`).
+    meanwhile, the (plan, label) pairs of `beside` certain to be compiled next (`_certain`), or
+    all but certain (the next policy, where the model puts the one compiling over).
     `none` is the un-optimized step as a `HandPlan` (no region at all).
     """
 
@@ -255,10 +256,9 @@ class HandSearch:
             certain = _certain(order, i)
             # the leaner ones are compiled only if this one is over, or if it cannot end the phase;
             # where the model puts this one over, the next is compiled beside it
-            over = self._model_over(pol, limit)
-            later = order[i + 1:i + 1 + AHEAD] if over else certain[:AHEAD]
-            got = self.compile(_expecting(plan, self._policy_expected(pol)), label, [q[2] for q in later],
-                               [(q[2], q[1]) for q in (later if over else certain)])
+            later = order[i + 1:i + 1 + AHEAD] if self._model_over(pol, limit) else certain
+            got = self.compile(_expecting(plan, self._policy_expected(pol)), label, [q[2] for q in later[:AHEAD]],
+                               [(q[2], q[1]) for q in later])
             self.say(f"hand-written {label} ({n} layers): compiled {format_bytes(got.peak)}, "
                      f"+{got.extra_flops / 1e9:.4g} GFLOP")
             if pol not in self.points or got.peak < self.points[pol].peak:

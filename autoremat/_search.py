@@ -273,7 +273,8 @@ class PlanSearch:
         """Compile the first of `plans` whose program is neither `running` (the program
         compiling) nor compiled before, now, beside it; the ones before it are left staged
         (traced and lowered once).  `plans` are certain to be compiled next (`HandSearch.uniform`:
-        MaxText's presets never end that phase), so the second core compiles too: two 1B steps
+        MaxText's presets never end that phase), or all but certain (the next policy where the
+        chain model puts the one compiling over), so the second core compiles too: two 1B steps
         side by side took 11.4 and 12.1 s where one after the other took 8.0 + 7.2 and 7.8 + 8.5
         (docs/FINDINGS.md, twenty-sixth session)."""
         for plan in plans:
