@@ -223,6 +223,8 @@ class PlanSearch:
                     if later is None:  # traced here (or ahead), compiled while the next are traced
                         staged = self.staged(plan)
                         later, running = compile_later(_compile_staged, staged, label), staged.program_key()
+                    elif running is None and beside:  # started before the search: its program, so that
+                        running = self.staged(plan).program_key()  # no plan lowering to it compiles beside
                     self.start_beside(beside, running)
                     self.stage_ahead(ahead, later)
                     st, same_as = later.result()

@@ -300,7 +300,9 @@ def test_plans_that_lower_to_one_program_are_compiled_once(monkeypatch):
 
 def test_the_first_hand_written_plan_compiles_while_the_chain_model_is_built(monkeypatch):
     """dots_saveable per layer, which the search compiles first, is started before the search
-    (alongside the un-optimized step) and compiled once: the search takes that compile."""
+    (alongside the un-optimized step) and compiled once: the search takes that compile.  (A
+    policy compiled beside one the model put over, and not asked for, may be left started for a
+    later budget: `HandSearch.uniform`.)"""
     import threading
 
     from autoremat import _search
@@ -311,10 +313,39 @@ def test_the_first_hand_written_plan_compiles_while_the_chain_model_is_built(mon
     monkeypatch.setattr(_search, "compile_step",
                         lambda *a, **k: threads.append(threading.current_thread().name) or real(*a, **k))
     ex = examples.get_example("mlp_chain", n_layers=4, width=40, batch=88)  # a signature of its own
-    plan = plan_for(ex.fn, 0.7, ex.args).plan
+    planned = plan_for(ex.fn, 0.7, ex.args)
+    plan, sig = planned.plan, (planned.traced.signature, planned.model.none_scale)
     assert plan.meta["hand_candidates"][0]["label"] == "dots_saveable per layer"
     assert threads[0].startswith("autoremat-compile") and len(threads) == plan.meta["compiles"]
-    assert not _search._STARTED  # taken by the search
+    first = _search._COMPILED[(sig, ("hand", "dots_saveable per layer"))].plan
+    assert (planned.traced.signature, _search._plan_content(first)) not in _search._STARTED  # taken by the search
+
+
+def test_no_plan_lowering_to_the_program_compiling_is_compiled_beside_it(monkeypatch):
+    """The MLP chain's three policies lower to one program.  With the model putting each over
+    the budget, the next is a candidate to compile beside it (`HandSearch.uniform`), but the
+    first, dots_saveable, was started before the search with its program not yet known: it is
+    staged to learn it, so the others are not compiled again beside it (made slow here, so that
+    the race that let them through is lost every time) and are read from its compile."""
+    import time
+
+    from autoremat import _hand, _search
+    from autoremat._optimize import plan_for
+
+    calls, said = [], []
+    real = _search.compile_step
+
+    def slow(*a, **k):
+        calls.append(1)
+        time.sleep(1.0)
+        return real(*a, **k)
+
+    monkeypatch.setattr(_search, "compile_step", slow)
+    monkeypatch.setattr(_hand.HandSearch, "_model_over", lambda self, pol, limit: True)
+    ex = examples.get_example("mlp_chain", n_layers=4, width=56, batch=76)  # a signature of its own
+    plan = plan_for(ex.fn, 0.7, ex.args, progress=said.append).plan
+    assert sum("the same program as dots_saveable per layer, compiled before" in m for m in said) == 2
+    assert len(calls) == plan.meta["compiles"]
 
 
 def test_the_hand_written_policies_compile_fastest_first_up_to_the_first_that_fits():
