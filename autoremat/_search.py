@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -97,9 +97,10 @@ _LAYER_OPTIONS: dict = {}  # (fingerprint, argument types) -> `_layer_options.il
 # signature -> (predicted, compiled peak) of each plan of the chain model compiled for it
 # (`PlanSearch.expected`).
 _MODEL_POINTS: dict = {}
-# (signature, `_plan_content`) -> (Future of the plan's `CompiledStats`, its program key or None):
-# compiles started before the search (`start_first_hand_plans`, program not yet known) or beside
-# another (`PlanSearch.start_beside`), taken by the first `compile_once` that needs them.
+# (signature, `_plan_content`) -> (Future of the plan's `CompiledStats`, its program key): compiles
+# started before the search (`start_first_hand_plans`: the key a Future too, set once the plan is
+# lowered in the background) or beside another (`PlanSearch.start_beside`), taken by the first
+# `compile_once` that needs them.
 _STARTED: dict = {}
 # (signature, `_plan_content`) -> StagedStep: plans traced and lowered while another compiled
 # (`PlanSearch.stage_ahead`), taken by the first `compile_once` that needs them; at most
@@ -223,8 +224,8 @@ class PlanSearch:
                     if later is None:  # traced here (or ahead), compiled while the next are traced
                         staged = self.staged(plan)
                         later, running = compile_later(_compile_staged, staged, label), staged.program_key()
-                    elif running is None and beside:  # started before the search: its program, so that
-                        running = self.staged(plan).program_key()  # no plan lowering to it compiles beside
+                    elif isinstance(running, Future) and beside:  # started before the search: its program,
+                        running = running.result()  # so that no plan lowering to it compiles beside
                     self.start_beside(beside, running)
                     self.stage_ahead(ahead, later)
                     st, same_as = later.result()
@@ -864,7 +865,8 @@ def start_first_hand_plans(fn, g: Graph, layers, call) -> None:
     for plan in first:
         key = (g.traced.signature, _plan_content(plan))
         if key not in _STARTED and not any(k[0][0] == key[0] and k[1] == key[1] for k in _BY_CONTENT):
-            _STARTED[key] = compile_later(_stats, fn, plan, args, stats_kw, kwargs), None
+            program = Future()
+            _STARTED[key] = compile_later(_stats, fn, plan, args, stats_kw, kwargs, program), program
 
 
 def _chain_builder() -> ThreadPoolExecutor:
@@ -894,9 +896,16 @@ def _stage(fn, plan: Plan, args, stats_kw: dict, kwargs: dict) -> StagedStep:
     return stage_step(apply(fn, plan), *args, **stats_kw, **kwargs)
 
 
-def _stats(fn, plan: Plan, args, stats_kw: dict, kwargs: dict) -> _Stats:
-    """The `CompiledStats` of `fn` under `plan` (`_compile_staged`)."""
-    return _compile_staged(_stage(fn, plan, args, stats_kw, kwargs), plan.meta.get("found_by") or "a plan")
+def _stats(fn, plan: Plan, args, stats_kw: dict, kwargs: dict, program: Future) -> _Stats:
+    """The `CompiledStats` of `fn` under `plan` (`_compile_staged`); `program` gets the step's
+    program key once it is lowered, before it compiles (or the error lowering it raised)."""
+    try:
+        staged = _stage(fn, plan, args, stats_kw, kwargs)
+    except BaseException as e:
+        program.set_exception(e)
+        raise
+    program.set_result(staged.program_key())
+    return _compile_staged(staged, plan.meta.get("found_by") or "a plan")
 
 
 def _compile_staged(staged: StagedStep, label: str) -> _Stats:
