@@ -17,6 +17,7 @@ JAX's policies choose what a layer saves by primitive; the exact region solver
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -104,8 +105,7 @@ def policy_layer_flops(g: Graph, layers: Sequence[Layer], policy) -> tuple[float
             graph, layer_ops, length = layer_body(g, layer)
             pol = policy if isinstance(policy, str) else policy[k]
             closure = recompute_closure(_layer_problem(graph, layer_ops)[2], policy_keeps(graph, layer_ops, pol))
-            per_key[layer.key] = length * sum(float(graph.ops[o].cost.flops) for o in closure
-                                              if graph.ops[o].primitive in MATMUL_PRIMITIVES)
+            per_key[layer.key] = length * math.fsum(graph.ops[o].matmul_flops for o in closure)
     return tuple(per_key[layer.key] for layer in layers)
 
 
@@ -161,7 +161,7 @@ def _solve(g: Graph, layer_ops, time_limit) -> tuple[int, list]:
     out = []
     for label, (_, saved) in zip(labels, ilp):
         closure = recompute_closure(problem, saved)
-        flops = sum(float(g.ops[o].cost.flops) for o in closure if g.ops[o].primitive in MATMUL_PRIMITIVES)
+        flops = math.fsum(g.ops[o].matmul_flops for o in closure)
         out.append((label, frozenset(saved), flops))
     return layer_ops[0].index, out
 

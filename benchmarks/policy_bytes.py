@@ -22,6 +22,7 @@ one's (`CompiledStats.matmul_flops`).  Writes results/policy_bytes.md (~4 min on
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -36,7 +37,6 @@ from _common import models_run, write_results  # noqa: E402
 from autoremat._hand import layer_plan  # noqa: E402
 from autoremat._layer_options import _layer_problem, _shift, policy_saves  # noqa: E402
 from autoremat._optimize import _graph  # noqa: E402
-from autoremat.graph._costs import MATMUL_PRIMITIVES  # noqa: E402
 from autoremat.graph._profiles import detect_profile  # noqa: E402
 from autoremat.graph._trace import trace  # noqa: E402
 from autoremat.runtime import apply  # noqa: E402
@@ -63,8 +63,7 @@ def solve_at_policy_bytes(g, layer_ops, policy: str, fraction: float = 1.0):
     _, saved = _solve_block_options(g, layer_ops, produced, residuals, (cap,), "cpsat", 10.0)[-1]
 
     def matmul(s):
-        return sum(float(g.ops[o].cost.flops) for o in recompute_closure(problem, s)
-                   if g.ops[o].primitive in MATMUL_PRIMITIVES)
+        return math.fsum(g.ops[o].matmul_flops for o in recompute_closure(problem, s))
 
     return policy_bytes, sum(g.values[v].nbytes for v in saved), saved, matmul(policy_set), matmul(saved)
 

@@ -50,6 +50,7 @@ from jax.extend import core as jex_core
 
 __all__ = [
     "jaxpr_matmul_flops",
+    "eqn_matmul_flops",
     "OpCost",
     "CostRule",
     "aval_bytes",
@@ -300,21 +301,23 @@ def jaxpr_matmul_flops(jaxpr: Any) -> float:
     >>> jaxpr_matmul_flops(jax.make_jaxpr(f)(jnp.ones((2, 2))))   # 2*2*2*2 per step, 3 steps
     48.0
     """
-    total = 0.0
-    for e in getattr(jaxpr, "jaxpr", jaxpr).eqns:
-        if e.primitive.name in MATMUL_PRIMITIVES:
-            total += eqn_cost(e).flops
-            continue
-        subs = [jaxpr_matmul_flops(j) for j in _nested_jaxprs(e)]
-        if not subs:
-            continue
-        if e.primitive.name == "cond":
-            total += max(subs)
-        elif e.primitive.name == "scan":
-            total += int(e.params["length"]) * sum(subs)
-        else:
-            total += sum(subs)
-    return total
+    return math.fsum(eqn_matmul_flops(e) for e in getattr(jaxpr, "jaxpr", jaxpr).eqns)
+
+
+def eqn_matmul_flops(eqn) -> float:
+    """FLOPs of the matmuls and convolutions of one equation, those in its nested jaxprs
+    included (as `jaxpr_matmul_flops`): a scan or a `custom_vjp` call with matmuls inside is
+    not itself a matmul, but recomputing it recomputes them."""
+    if eqn.primitive.name in MATMUL_PRIMITIVES:
+        return eqn_cost(eqn).flops
+    subs = [jaxpr_matmul_flops(j) for j in _nested_jaxprs(eqn)]
+    if not subs:
+        return 0.0
+    if eqn.primitive.name == "cond":
+        return max(subs)
+    if eqn.primitive.name == "scan":
+        return int(eqn.params["length"]) * math.fsum(subs)
+    return math.fsum(subs)
 
 
 def _nested_jaxprs(eqn) -> list:

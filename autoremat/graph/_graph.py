@@ -25,7 +25,7 @@ import networkx as nx
 import numpy as np
 from jax.extend import source_info_util
 
-from autoremat.graph._costs import OpCost, aval_bytes, aval_size, eqn_cost, jaxpr_cost
+from autoremat.graph._costs import OpCost, aval_bytes, aval_size, eqn_cost, eqn_matmul_flops, jaxpr_cost
 from autoremat.graph._interpret import primitive_label, scan_counts
 from autoremat.graph._interpret import user_name as _user_name
 from autoremat.graph._profiles import DeviceProfile, get_profile
@@ -95,6 +95,8 @@ class OpInfo:
       primitive: the primitive's name.
       inputs, outputs: value ids (literal inputs are omitted).
       cost: FLOPs and bytes of ONE execution (bodies included, scans times their length).
+      matmul_flops: the FLOPs of its matmuls and convolutions, those in nested jaxprs included
+        (`_costs.eqn_matmul_flops`), on one device as `cost`.
       time: roofline seconds of one execution on the graph's profile.
       multiplicity: how many times it runs per forward pass (trip counts of enclosing scans).
       source: `file:line:col (function)`.
@@ -118,6 +120,7 @@ class OpInfo:
     extra_residual_bytes: int
     bodies: tuple["Graph", ...] = ()
     params: Mapping[str, Any] = field(default_factory=dict)
+    matmul_flops: float = 0.0
 
     @property
     def unrolled(self) -> bool:
@@ -315,7 +318,8 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
         res = eqn_residuals(eqn, in_d) if any_d and live[idx] else EqnResiduals((False,) * len(in_ids), (False,) * len(out_ids), 0)
         bodies = _bodies(eqn, oid, prof, in_d, [div[x] if x else 1.0 for x in in_ids], multiplicity,
                          per_body.get(idx))
-        cost = _per_device_cost(eqn, max([*outs_wdiv, *in_wdv], default=1.0))
+        work_div = max([*outs_wdiv, *in_wdv], default=1.0)
+        cost = _per_device_cost(eqn, work_div)
         dtype = str(eqn.outvars[0].aval.dtype) if eqn.outvars and hasattr(eqn.outvars[0].aval, "dtype") else "float32"
         ops[oid] = OpInfo(
             id=oid, index=idx, primitive=primitive_label(eqn),
@@ -324,7 +328,7 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
             residual_inputs=tuple(dict.fromkeys(x for x, r in zip(in_ids, res.inputs) if r and x is not None)),
             residual_outputs=tuple(x for x, r in zip(out_ids, res.outputs) if r),
             extra_residual_bytes=_per_device_extras(res.extra_bytes, eqn, bodies, out_div),
-            bodies=bodies, params=_op_params(eqn))
+            bodies=bodies, params=_op_params(eqn), matmul_flops=eqn_matmul_flops(eqn) / max(work_div, 1.0))
 
     for vid, name in named_alias.items():
         if values[vid].name is None:
