@@ -432,11 +432,97 @@ def equinox_scan(policies=None, prevent_cse=True):
     return loss, (params, sd((d["B"], d["S"]), jnp.int32)), _scan_desc("equinox", "eqx.filter_vmap-stacked layers, lax.scan + eqx.filter_checkpoint"), d["L"]
 
 
+# -- a Mamba-2-style state-space decoder: a scan over chunks inside every layer -------------------
+SSD = dict(L=16, D=2048, E=4096, H=32, N=128, T=128, K=4, V=32000, S=2048, B=4)
+
+
+def _rms(x):
+    x32 = x.astype(jnp.float32)
+    return (x32 * jax.lax.rsqrt((x32 * x32).mean(-1, keepdims=True) + 1e-6)).astype(bf)
+
+
+def _ssd_mixer(h, p):
+    """Mamba-2's SSD mixer as JAX code writes it (the chunked "minimal" algorithm): in and out
+    projections, a causal depthwise conv, per-head scalar decay; within a chunk of T steps the
+    recurrence is a masked matmul, across chunks a `lax.scan` carries the [B, H, P, N] state."""
+    d = SSD
+    B, S, _ = h.shape
+    E, H, N, T = d["E"], d["H"], d["N"], d["T"]
+    P, nc = E // H, S // T
+    z, xbc, dt = jnp.split(_rms(h) @ p["w_in"], [E, 2 * E + 2 * N], -1)
+    pad = jnp.pad(xbc, ((0, 0), (d["K"] - 1, 0), (0, 0)))
+    xbc = jax.nn.silu(sum(pad[:, k:k + S] * p["conv"][k] for k in range(d["K"])))
+    xs, Bm, Cm = jnp.split(xbc, [E, E + N], -1)
+    dt = jax.nn.softplus(dt.astype(jnp.float32) + p["dt_bias"])  # [B, S, H]
+    cs = jnp.cumsum((-jnp.exp(p["A_log"]) * dt).reshape(B, nc, T, H), 2)  # log decay, cumulative in a chunk
+    X = (xs.reshape(B, nc, T, H, P) * dt.reshape(B, nc, T, H, 1)).astype(bf)
+    Bc, Cc = Bm.reshape(B, nc, T, N), Cm.reshape(B, nc, T, N)
+    i = jnp.arange(T)
+    seg = jnp.where((i[:, None] >= i[None, :])[None, None, :, :, None],
+                    cs[:, :, :, None, :] - cs[:, :, None, :, :], -jnp.inf)  # [B, nc, T, T, H]
+    M = (jnp.einsum("bcin,bcjn->bcij", Cc, Bc)[..., None] * jnp.exp(seg)).astype(bf)
+    y_diag = jnp.einsum("bcijh,bcjhp->bcihp", M, X)
+    to_end = jnp.exp(cs[:, :, -1:, :] - cs).astype(bf)  # [B, nc, T, H]
+    states = jnp.einsum("bcjn,bcjh,bcjhp->bchpn", Bc, to_end, X)  # each chunk's own state
+
+    def step(state, c):
+        st, decay, C, cum = c
+        y = jnp.einsum("bin,bhpn->bihp", C, state.astype(bf)) * jnp.exp(cum)[..., None].astype(bf)
+        return state * decay[:, :, None, None] + st.astype(jnp.float32), y
+    carry = jnp.zeros((B, H, P, N), jnp.float32)
+    _, y_off = jax.lax.scan(step, carry, (states.swapaxes(0, 1), jnp.exp(cs[:, :, -1, :]).swapaxes(0, 1),
+                                          Cc.swapaxes(0, 1), cs.swapaxes(0, 1)))
+    y = (y_diag + y_off.swapaxes(0, 1)).reshape(B, S, E) + xs * p["D_skip"]
+    return h + _rms(y * jax.nn.silu(z)) @ p["w_out"]
+
+
+def _ssd_params(d):
+    E, N, H = d["E"], d["N"], d["H"]
+    return dict(w_in=sd((d["D"], 2 * E + 2 * N + H), bf), conv=sd((d["K"], E + 2 * N), bf),
+                dt_bias=sd((H,), jnp.float32), A_log=sd((H,), jnp.float32), D_skip=sd((E,), bf),
+                w_out=sd((E, d["D"]), bf))
+
+
+def _ssd_desc(how: str) -> str:
+    d = SSD
+    return (f"Mamba-2-style SSD decoder ({how}; a lax.scan over {d['S'] // d['T']} chunks of {d['T']} in each "
+            f"layer): {d['L']} layers, d_model {d['D']}, d_inner {d['E']}, {d['H']} heads, state {d['N']}, "
+            f"seq {d['S']}, batch {d['B']}, bf16")
+
+
+def ssd(policies=None, prevent_cse=True):
+    d = SSD
+    params = {"embed": sd((d["V"], d["D"]), bf), "layers": [_ssd_params(d) for _ in range(d["L"])],
+              "head": sd((d["D"], d["V"]), bf)}
+    pols = list(policies) if policies is not None else [None] * d["L"]
+
+    def loss(params, tokens):
+        h = params["embed"][tokens]
+        for p, pol in zip(params["layers"], pols):
+            h = _wrap(_ssd_mixer, pol, prevent_cse)(h, p)
+        return _xent(_rms(h) @ params["head"], tokens)
+    return loss, (params, sd((d["B"], d["S"]), jnp.int32)), _ssd_desc("layers unrolled"), d["L"]
+
+
+def ssd_scan(policies=None, prevent_cse=True):
+    d = SSD
+    stacked = jax.tree.map(lambda s: sd((d["L"], *s.shape), s.dtype), _ssd_params(d))
+    params = {"embed": sd((d["V"], d["D"]), bf), "layers": stacked, "head": sd((d["D"], d["V"]), bf)}
+    pol = (policies or [None])[0]
+
+    def loss(params, tokens):
+        body = _wrap(lambda h, p: (_ssd_mixer(h, p), None), pol, prevent_cse)
+        h, _ = jax.lax.scan(body, params["embed"][tokens], params["layers"])
+        return _xent(_rms(h) @ params["head"], tokens)
+    return loss, (params, sd((d["B"], d["S"]), jnp.int32)), _ssd_desc("scan over layers"), d["L"]
+
+
 def scale_batches(k: int) -> None:
     """Every model's batch times `k` (as `realscale.scale_batches`)."""
-    for d, key in ((MOE, "B"), (UNET, "batch"), (ED, "B"), (VIT, "batch"), (ALT, "B"), (PZ, "B"), (SCANS, "B")):
+    for d, key in ((MOE, "B"), (UNET, "batch"), (ED, "B"), (VIT, "batch"), (ALT, "B"), (PZ, "B"), (SCANS, "B"), (SSD, "B")):
         d[key] *= k
 
 
 BUILDERS = {"moe": moe, "unet": unet, "encdec": encdec, "vit_nnx": vit_nnx, "alternating": alternating,
-            "penzai": penzai, "penzai_scan": penzai_scan, "nnx_scan": nnx_scan, "equinox_scan": equinox_scan}
+            "penzai": penzai, "penzai_scan": penzai_scan, "nnx_scan": nnx_scan, "equinox_scan": equinox_scan,
+            "ssd": ssd, "ssd_scan": ssd_scan}
