@@ -24,6 +24,10 @@ description, layers), as `_thirdparty.py`'s do.
 * `nnx_scan`, `equinox_scan`: scans over layers as flax nnx (`nnx.vmap`-made stacked blocks,
   `nnx.scan` over `nnx.remat`) and equinox (`eqx.filter_vmap`-made stacked blocks, `lax.scan`
   over `eqx.filter_checkpoint`) write them; decoders as `_thirdparty.py`'s.
+* `ssd`, `ssd_scan`: a Mamba-2-style state-space decoder (the SSD mixer's chunked algorithm:
+  within a chunk a decay-masked matmul, across chunks a `lax.scan` carrying the state), so every
+  layer holds a scan with matmuls inside; its layers unrolled, or in a scan over layers (a scan
+  in a scan).
 """
 
 from __future__ import annotations

@@ -5,11 +5,12 @@ every layer, the half-and-half mixes of neighbouring policies, then `autoremat`'
 each of those compiled peaks) for model families the other benchmarks lack (`_unseen.py`): a
 mixture-of-experts decoder, a U-Net with skip connections, an encoder-decoder with cross
 attention, a ViT in flax nnx, a decoder alternating local and global attention, penzai's
-Gemma-like decoder on named axes, unrolled and in penzai's `LayerStack`, and scans over layers
-as flax nnx and equinox code writes them; compile-only, a few GiB each.  Each model's table says how many layers `graph.find_layers` found against the
+Gemma-like decoder on named axes, unrolled and in penzai's `LayerStack`, scans over layers
+as flax nnx and equinox code writes them, and a Mamba-2-style state-space decoder whose every
+layer holds a scan, unrolled and as a scan over layers; compile-only, a few GiB to tens of GiB each.  Each model's table says how many layers `graph.find_layers` found against the
 number the model's author wrote.
 
-    .venv/bin/python benchmarks/unseen.py                 # all nine (~13 min on 2 cores)
+    .venv/bin/python benchmarks/unseen.py                 # all eleven (~15 min on 2 cores)
     .venv/bin/python benchmarks/unseen.py --models encdec
 """
 
