@@ -105,8 +105,24 @@ def policy_layer_flops(g: Graph, layers: Sequence[Layer], policy) -> tuple[float
             graph, layer_ops, length = layer_body(g, layer)
             pol = policy if isinstance(policy, str) else policy[k]
             closure = recompute_closure(_layer_problem(graph, layer_ops)[2], policy_keeps(graph, layer_ops, pol))
-            per_key[layer.key] = length * math.fsum(graph.ops[o].matmul_flops for o in closure)
+            per_key[layer.key] = length * math.fsum(_recomputed_matmuls(graph.ops[o], pol) for o in closure)
     return tuple(per_key[layer.key] for layer in layers)
+
+
+def _recomputed_matmuls(op, policy) -> float:
+    """The matmul FLOPs that recomputing `op` costs under `policy`: all of its own
+    (`OpInfo.matmul_flops`), but for an op with bodies (a scan, while or cond) under one of JAX's
+    policies, those of its body ops the policy does not save, since JAX applies a checkpoint's
+    policy inside them too: a Mamba-2-style layer's scan keeps its dots under dots_saveable and
+    recomputes them under nothing_saveable (tests/test_hand.py).  A saved set names values of
+    the layer itself, so inside a body it saves nothing."""
+    if not op.bodies or not isinstance(policy, str):
+        return op.matmul_flops
+    per_body = [math.fsum(0.0 if any(policy_saves(policy, b, v) for v in b.outputs) else _recomputed_matmuls(b, policy)
+                          for b in body.ops.values()) for body in op.bodies]
+    if op.primitive == "cond":
+        return max(per_body)
+    return int(op.params.get("length", 1)) * math.fsum(per_body)  # a while loop's body: once
 
 
 def name_presets(g: Graph, layers: Sequence[Layer]) -> list[tuple[str, tuple[frozenset, ...]]]:
