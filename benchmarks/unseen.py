@@ -10,7 +10,7 @@ as flax nnx and equinox code writes them, and a Mamba-2-style state-space decode
 layer holds a scan, unrolled and as a scan over layers; compile-only, a few GiB to tens of GiB each.  Each model's table says how many layers `graph.find_layers` found against the
 number the model's author wrote.
 
-    .venv/bin/python benchmarks/unseen.py                 # all eleven (~15 min on 2 cores)
+    .venv/bin/python benchmarks/unseen.py                 # all eleven (~13 min on 2 cores)
     .venv/bin/python benchmarks/unseen.py --models encdec
 """
 
