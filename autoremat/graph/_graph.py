@@ -318,8 +318,7 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
         res = eqn_residuals(eqn, in_d) if any_d and live[idx] else EqnResiduals((False,) * len(in_ids), (False,) * len(out_ids), 0)
         bodies = _bodies(eqn, oid, prof, in_d, [div[x] if x else 1.0 for x in in_ids], multiplicity,
                          per_body.get(idx))
-        work_div = max([*outs_wdiv, *in_wdv], default=1.0)
-        cost = _per_device_cost(eqn, work_div)
+        cost, matmul_flops = _per_device_cost(eqn, max([*outs_wdiv, *in_wdv], default=1.0))
         dtype = str(eqn.outvars[0].aval.dtype) if eqn.outvars and hasattr(eqn.outvars[0].aval, "dtype") else "float32"
         ops[oid] = OpInfo(
             id=oid, index=idx, primitive=primitive_label(eqn),
@@ -328,7 +327,7 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
             residual_inputs=tuple(dict.fromkeys(x for x, r in zip(in_ids, res.inputs) if r and x is not None)),
             residual_outputs=tuple(x for x, r in zip(out_ids, res.outputs) if r),
             extra_residual_bytes=_per_device_extras(res.extra_bytes, eqn, bodies, out_div),
-            bodies=bodies, params=_op_params(eqn), matmul_flops=eqn_matmul_flops(eqn) / max(work_div, 1.0))
+            bodies=bodies, params=_op_params(eqn), matmul_flops=matmul_flops)
 
     for vid, name in named_alias.items():
         if values[vid].name is None:
@@ -356,13 +355,14 @@ def _stack_divisor(body: Graph) -> float:
     return sum(info.whole_bytes for info in made) / split if split else 1.0
 
 
-def _per_device_cost(eqn, work_div: float):
-    """`eqn`'s cost on one device, its work split `work_div` ways: like its most split operand or
-    result, since a matmul whose contracting dimension is split (row-parallel under tensor
-    parallelism) does 1/8 of its FLOPs on each of 8 devices while its partial sums are reduced
-    into an output split fewer ways (docs/FINDINGS.md, ninth session)."""
-    cost = eqn_cost(eqn)
-    return cost.scale(1.0 / work_div) if work_div > 1 else cost
+def _per_device_cost(eqn, work_div: float) -> tuple[OpCost, float]:
+    """`eqn`'s cost and matmul FLOPs (`eqn_matmul_flops`) on one device, its work split
+    `work_div` ways: like its most split operand or result, since a matmul whose contracting
+    dimension is split (row-parallel under tensor parallelism) does 1/8 of its FLOPs on each of
+    8 devices while its partial sums are reduced into an output split fewer ways
+    (docs/FINDINGS.md, ninth session)."""
+    cost, matmul = eqn_cost(eqn), eqn_matmul_flops(eqn)
+    return (cost.scale(1.0 / work_div), matmul / work_div) if work_div > 1 else (cost, matmul)
 
 
 def _split_divisors(out_div: dict) -> tuple[dict, dict[int, dict]]:
