@@ -111,18 +111,15 @@ def policy_layer_flops(g: Graph, layers: Sequence[Layer], policy) -> tuple[float
 
 def _recomputed_matmuls(op, policy) -> float:
     """The matmul FLOPs that recomputing `op` costs under `policy`: all of its own
-    (`OpInfo.matmul_flops`), but for an op with bodies (a scan, while or cond) under one of JAX's
-    policies, those of its body ops the policy does not save, since JAX applies a checkpoint's
-    policy inside them too: a Mamba-2-style layer's scan keeps its dots under dots_saveable and
-    recomputes them under nothing_saveable (tests/test_hand.py).  A saved set names values of
-    the layer itself, so inside a body it saves nothing."""
-    if not op.bodies or not isinstance(policy, str):
+    (`OpInfo.matmul_flops`), but for an op with matmuls inside (a scan, a `custom_vjp` call)
+    under one of JAX's matmul policies, only those the policy does not save: JAX applies a
+    checkpoint's policy inside them too.  A Mamba-2-style layer's scan and a custom_vjp
+    attention keep their dots under dots_saveable, and their batched ones are recomputed under
+    dots_with_no_batch_dims_saveable (tests/test_hand.py).  A saved set names values of the
+    layer itself, so inside them it saves nothing."""
+    if op.primitive in MATMUL_PRIMITIVES or not isinstance(policy, str) or policy == "nothing_saveable":
         return op.matmul_flops
-    per_body = [math.fsum(0.0 if any(policy_saves(policy, b, v) for v in b.outputs) else _recomputed_matmuls(b, policy)
-                          for b in body.ops.values()) for body in op.bodies]
-    if op.primitive == "cond":
-        return max(per_body)
-    return int(op.params.get("length", 1)) * math.fsum(per_body)  # a while loop's body: once
+    return op.batched_matmul_flops if "no_batch" in policy else 0.0
 
 
 def name_presets(g: Graph, layers: Sequence[Layer]) -> list[tuple[str, tuple[frozenset, ...]]]:

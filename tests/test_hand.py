@@ -164,22 +164,62 @@ def _ssd_stack(n_layers=3, B=2, S=64, D=64, E=128, H=4, N=16, T=16):
     return loss, (ps, jax.random.normal(keys[-1], (B, S, D)))
 
 
+def _custom_vjp_attention_stack(n_layers=3, B=2, S=32, D=32, H=2):
+    """(loss, args) of a stack of layers whose attention is a `jax.custom_vjp` keeping q, k, v
+    and the output, its backward recomputing the probabilities (benchmarks/unseen.py's
+    `vjp_attention`, small): the attention's matmuls are inside the custom_vjp call."""
+    import jax.numpy as jnp
+
+    def plain(q, k, v):
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q, k), -1), v)
+
+    @jax.custom_vjp
+    def attend(q, k, v):
+        return plain(q, k, v)
+
+    def attend_fwd(q, k, v):
+        o = plain(q, k, v)
+        return o, (q, k, v, o)
+
+    def attend_bwd(res, do):
+        return jax.vjp(plain, *res[:3])[1](do)
+    attend.defvjp(attend_fwd, attend_bwd)
+
+    def layer(h, p):
+        q, k, v = (a.reshape(B, S, H, D // H) for a in jnp.split(h @ p["wqkv"], 3, -1))
+        h = h + attend(q, k, v).reshape(B, S, D) @ p["wo"]
+        return h + jnp.tanh(h @ p["w1"]) @ p["w2"]
+
+    def loss(ps, x):
+        for p in ps:
+            x = layer(x, p)
+        return jnp.sum(x ** 2)
+    keys = iter(jax.random.split(jax.random.key(1), 4 * n_layers + 1))
+    shapes = dict(wqkv=(D, 3 * D), wo=(D, D), w1=(D, 2 * D), w2=(2 * D, D))
+    ps = [{w: 0.1 * jax.random.normal(next(keys), s) for w, s in shapes.items()} for _ in range(n_layers)]
+    return loss, (ps, jax.random.normal(next(keys), (B, S, D)))
+
+
 @pytest.mark.parametrize("policy", ["nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_saveable"])
-def test_the_matmul_flops_a_layer_recomputes_count_those_inside_its_scan(policy):
+@pytest.mark.parametrize("stack", ["ssd", "custom_vjp"])
+def test_the_matmul_flops_a_layer_recomputes_count_those_inside_its_scan(policy, stack):
     """`policy_layer_flops` (what the mix search and the solver's sets count a layer's
-    recomputation by) counts the matmuls inside a scan the layer recomputes, less those the
-    policy saves inside it: equal to the compiled step's extra matmul FLOPs with the policy per
-    layer (the same cost rules, so exactly).  Counting only the layer's own matmuls, it missed
-    the scan's: on the SSD decoder of benchmarks/unseen.py the solver's ilp25% set counted 138.5
-    GFLOP where its compile recomputed 276, and ruled out the 8 + 8 policies' mix that
-    recomputes 208.8 (benchmarks/budget_log.py --model ssd --only '8 dots_saveable')."""
-    fn, args = _ssd_stack()
+    recomputation by) counts the matmuls inside a scan or a custom_vjp call the layer
+    recomputes, less those the policy saves inside it: equal to the compiled step's extra
+    matmul FLOPs with the policy per layer (the same cost rules, so exactly).  Counting only the
+    layer's own matmuls, it missed the scan's: on the SSD decoder of benchmarks/unseen.py the
+    solver's ilp25% set counted 138.5 GFLOP where its compile recomputed 276, and ruled out the
+    8 + 8 policies' mix that recomputes 208.8 (benchmarks/budget_log.py --model ssd --only
+    '8 dots_saveable')."""
+    fn, args = _ssd_stack() if stack == "ssd" else _custom_vjp_attention_stack()
     g = graph_from_traced(trace(fn, args))
     layers = find_layers(g)
     assert len(layers) == 3
-    scan = next(op for op in g.ops.values() if op.primitive == "scan")
-    body_dots = sum(op.cost.flops for op in scan.bodies[0].ops.values() if op.primitive == "dot_general")
-    assert scan.matmul_flops == scan.params["length"] * body_dots > 0
+    nested = next(op for op in g.ops.values() if op.primitive in ("scan", "custom_vjp_call"))
+    assert nested.matmul_flops >= nested.batched_matmul_flops > 0
+    if stack == "ssd":
+        body_dots = sum(op.cost.flops for op in nested.bodies[0].ops.values() if op.primitive == "dot_general")
+        assert nested.matmul_flops == nested.params["length"] * body_dots
     plan = _hand.layer_plan(g, layers, [policy] * len(layers))
     extra = compiled_stats(apply(fn, plan), *args).matmul_flops - compiled_stats(fn, *args).matmul_flops
     assert sum(_layer_options.policy_layer_flops(g, layers, policy)) == pytest.approx(extra, rel=1e-9, abs=1.0)

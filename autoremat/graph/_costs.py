@@ -301,16 +301,23 @@ def jaxpr_matmul_flops(jaxpr: Any) -> float:
     >>> jaxpr_matmul_flops(jax.make_jaxpr(f)(jnp.ones((2, 2))))   # 2*2*2*2 per step, 3 steps
     48.0
     """
-    return math.fsum(eqn_matmul_flops(e) for e in getattr(jaxpr, "jaxpr", jaxpr).eqns)
+    return _matmul_flops(jaxpr, False)
 
 
-def eqn_matmul_flops(eqn) -> float:
+def _matmul_flops(jaxpr: Any, batched: bool) -> float:
+    return math.fsum(eqn_matmul_flops(e, batched) for e in getattr(jaxpr, "jaxpr", jaxpr).eqns)
+
+
+def eqn_matmul_flops(eqn, batched: bool = False) -> float:
     """FLOPs of the matmuls and convolutions of one equation, those in its nested jaxprs
     included (as `jaxpr_matmul_flops`): a scan or a `custom_vjp` call with matmuls inside is
-    not itself a matmul, but recomputing it recomputes them."""
+    not itself a matmul, but recomputing it recomputes them.  `batched`: only the convolutions
+    and the dot_generals with batch dimensions, those JAX's dots_with_no_batch_dims_saveable
+    does not save."""
     if eqn.primitive.name in MATMUL_PRIMITIVES:
-        return eqn_cost(eqn).flops
-    subs = [jaxpr_matmul_flops(j) for j in _nested_jaxprs(eqn)]
+        skip = batched and eqn.primitive.name == "dot_general" and not eqn.params["dimension_numbers"][1][0]
+        return 0.0 if skip else eqn_cost(eqn).flops
+    subs = [_matmul_flops(j, batched) for j in _nested_jaxprs(eqn)]
     if not subs:
         return 0.0
     if eqn.primitive.name == "cond":

@@ -96,7 +96,8 @@ class OpInfo:
       inputs, outputs: value ids (literal inputs are omitted).
       cost: FLOPs and bytes of ONE execution (bodies included, scans times their length).
       matmul_flops: the FLOPs of its matmuls and convolutions, those in nested jaxprs included
-        (`_costs.eqn_matmul_flops`), on one device as `cost`.
+        (`_costs.eqn_matmul_flops`), on one device as `cost`; batched_matmul_flops: those of them
+        that are convolutions or dot_generals with batch dimensions.
       time: roofline seconds of one execution on the graph's profile.
       multiplicity: how many times it runs per forward pass (trip counts of enclosing scans).
       source: `file:line:col (function)`.
@@ -121,6 +122,7 @@ class OpInfo:
     bodies: tuple["Graph", ...] = ()
     params: Mapping[str, Any] = field(default_factory=dict)
     matmul_flops: float = 0.0
+    batched_matmul_flops: float = 0.0
 
     @property
     def unrolled(self) -> bool:
@@ -318,7 +320,7 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
         res = eqn_residuals(eqn, in_d) if any_d and live[idx] else EqnResiduals((False,) * len(in_ids), (False,) * len(out_ids), 0)
         bodies = _bodies(eqn, oid, prof, in_d, [div[x] if x else 1.0 for x in in_ids], multiplicity,
                          per_body.get(idx))
-        cost, matmul_flops = _per_device_cost(eqn, max([*outs_wdiv, *in_wdv], default=1.0))
+        cost, matmul_flops, batched = _per_device_cost(eqn, max([*outs_wdiv, *in_wdv], default=1.0))
         dtype = str(eqn.outvars[0].aval.dtype) if eqn.outvars and hasattr(eqn.outvars[0].aval, "dtype") else "float32"
         ops[oid] = OpInfo(
             id=oid, index=idx, primitive=primitive_label(eqn),
@@ -327,7 +329,7 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
             residual_inputs=tuple(dict.fromkeys(x for x, r in zip(in_ids, res.inputs) if r and x is not None)),
             residual_outputs=tuple(x for x, r in zip(out_ids, res.outputs) if r),
             extra_residual_bytes=_per_device_extras(res.extra_bytes, eqn, bodies, out_div),
-            bodies=bodies, params=_op_params(eqn), matmul_flops=matmul_flops)
+            bodies=bodies, params=_op_params(eqn), matmul_flops=matmul_flops, batched_matmul_flops=batched)
 
     for vid, name in named_alias.items():
         if values[vid].name is None:
@@ -355,14 +357,15 @@ def _stack_divisor(body: Graph) -> float:
     return sum(info.whole_bytes for info in made) / split if split else 1.0
 
 
-def _per_device_cost(eqn, work_div: float) -> tuple[OpCost, float]:
-    """`eqn`'s cost and matmul FLOPs (`eqn_matmul_flops`) on one device, its work split
-    `work_div` ways: like its most split operand or result, since a matmul whose contracting
-    dimension is split (row-parallel under tensor parallelism) does 1/8 of its FLOPs on each of
-    8 devices while its partial sums are reduced into an output split fewer ways
+def _per_device_cost(eqn, work_div: float) -> tuple[OpCost, float, float]:
+    """`eqn`'s cost and matmul FLOPs (all, and batched: `eqn_matmul_flops`) on one device, its
+    work split `work_div` ways: like its most split operand or result, since a matmul whose
+    contracting dimension is split (row-parallel under tensor parallelism) does 1/8 of its FLOPs
+    on each of 8 devices while its partial sums are reduced into an output split fewer ways
     (docs/FINDINGS.md, ninth session)."""
-    cost, matmul = eqn_cost(eqn), eqn_matmul_flops(eqn)
-    return (cost.scale(1.0 / work_div), matmul / work_div) if work_div > 1 else (cost, matmul)
+    div = max(work_div, 1.0)
+    return (eqn_cost(eqn).scale(1.0 / div) if div > 1 else eqn_cost(eqn),
+            eqn_matmul_flops(eqn) / div, eqn_matmul_flops(eqn, batched=True) / div)
 
 
 def _split_divisors(out_div: dict) -> tuple[dict, dict[int, dict]]:
