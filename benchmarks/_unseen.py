@@ -28,6 +28,9 @@ description, layers), as `_thirdparty.py`'s do.
   within a chunk a decay-masked matmul, across chunks a `lax.scan` carrying the state), so every
   layer holds a scan with matmuls inside; its layers unrolled, or in a scan over layers (a scan
   in a scan).
+* `vjp_attention`: a decoder whose attention is a `jax.custom_vjp` that keeps q, k, v, the output
+  and the log-sum-exp and recomputes the probabilities in its backward (memory-efficient
+  attention as JAX code writes it), so the attention's matmuls are inside a custom_vjp call.
 """
 
 from __future__ import annotations
@@ -521,12 +524,75 @@ def ssd_scan(policies=None, prevent_cse=True):
     return loss, (params, sd((d["B"], d["S"]), jnp.int32)), _ssd_desc("scan over layers"), d["L"]
 
 
+# -- a decoder whose attention is a custom_vjp that recomputes its probabilities ------------------
+FA = dict(L=12, D=2048, H=16, F=8192, V=32000, S=2048, B=4)
+
+
+@jax.custom_vjp
+def _attention(q, k, v):
+    """Causal attention over [B, S, H, d] as memory-efficient JAX code writes it: the forward keeps
+    q, k, v, the output and the log-sum-exp, and the backward recomputes the probabilities."""
+    return _attention_fwd(q, k, v)[0]
+
+
+def _attention_fwd(q, k, v):
+    S, d = q.shape[1], q.shape[-1]
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / jnp.sqrt(float(d))
+    s = jnp.where(jnp.tril(jnp.ones((S, S), bool)), s, -1e9)
+    lse = jax.nn.logsumexp(s, -1, keepdims=True)
+    o = jnp.einsum("bhqk,bkhd->bqhd", jnp.exp(s - lse).astype(q.dtype), v)
+    return o, (q, k, v, o, lse)
+
+
+def _attention_bwd(res, do):
+    q, k, v, o, lse = res
+    S, d = q.shape[1], q.shape[-1]
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / jnp.sqrt(float(d))
+    s = jnp.where(jnp.tril(jnp.ones((S, S), bool)), s, -1e9)
+    p = jnp.exp(s - lse)
+    dv = jnp.einsum("bhqk,bqhd->bkhd", p.astype(do.dtype), do)
+    dp = jnp.einsum("bqhd,bkhd->bhqk", do, v).astype(jnp.float32)
+    delta = jnp.einsum("bqhd,bqhd->bhq", do.astype(jnp.float32), o.astype(jnp.float32))[..., None]
+    ds = (p * (dp - delta) / jnp.sqrt(float(d))).astype(q.dtype)
+    return jnp.einsum("bhqk,bkhd->bqhd", ds, k), jnp.einsum("bhqk,bqhd->bkhd", ds, q), dv
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def vjp_attention(policies=None, prevent_cse=True):
+    d = FA
+    D, H = d["D"], d["H"]
+    layer = {k: sd((D, D), bf) for k in ("wq", "wk", "wv", "wo")}
+    layer.update(w1=sd((D, d["F"]), bf), w2=sd((d["F"], D), bf))
+    params = {"embed": sd((d["V"], D), bf), "layers": [dict(layer) for _ in range(d["L"])],
+              "head": sd((D, d["V"]), bf)}
+    pols = list(policies) if policies is not None else [None] * d["L"]
+
+    def block(h, p):
+        B, S, _ = h.shape
+        x = _ln(h)
+        q, k, v = ((x @ p[w]).reshape(B, S, H, D // H) for w in ("wq", "wk", "wv"))
+        h = h + _attention(q, k, v).reshape(B, S, D) @ p["wo"]
+        return h + jax.nn.gelu(_ln(h) @ p["w1"]) @ p["w2"]
+
+    def loss(params, tokens):
+        h = params["embed"][tokens]
+        for p, pol in zip(params["layers"], pols):
+            h = _wrap(block, pol, prevent_cse)(h, p)
+        return _xent(_ln(h) @ params["head"], tokens)
+
+    desc = (f"decoder with a custom_vjp attention that recomputes its probabilities: {d['L']} layers, d_model {D}, "
+            f"d_ff {d['F']}, seq {d['S']}, batch {d['B']}, bf16")
+    return loss, (params, sd((d["B"], d["S"]), jnp.int32)), desc, d["L"]
+
+
 def scale_batches(k: int) -> None:
     """Every model's batch times `k` (as `realscale.scale_batches`)."""
-    for d, key in ((MOE, "B"), (UNET, "batch"), (ED, "B"), (VIT, "batch"), (ALT, "B"), (PZ, "B"), (SCANS, "B"), (SSD, "B")):
+    for d, key in ((MOE, "B"), (UNET, "batch"), (ED, "B"), (VIT, "batch"), (ALT, "B"), (PZ, "B"), (SCANS, "B"), (SSD, "B"), (FA, "B")):
         d[key] *= k
 
 
 BUILDERS = {"moe": moe, "unet": unet, "encdec": encdec, "vit_nnx": vit_nnx, "alternating": alternating,
             "penzai": penzai, "penzai_scan": penzai_scan, "nnx_scan": nnx_scan, "equinox_scan": equinox_scan,
-            "ssd": ssd, "ssd_scan": ssd_scan}
+            "ssd": ssd, "ssd_scan": ssd_scan, "vjp_attention": vjp_attention}

@@ -6,11 +6,12 @@ each of those compiled peaks) for model families the other benchmarks lack (`_un
 mixture-of-experts decoder, a U-Net with skip connections, an encoder-decoder with cross
 attention, a ViT in flax nnx, a decoder alternating local and global attention, penzai's
 Gemma-like decoder on named axes, unrolled and in penzai's `LayerStack`, scans over layers
-as flax nnx and equinox code writes them, and a Mamba-2-style state-space decoder whose every
-layer holds a scan, unrolled and as a scan over layers; compile-only, a few GiB to tens of GiB each.  Each model's table says how many layers `graph.find_layers` found against the
+as flax nnx and equinox code writes them, a Mamba-2-style state-space decoder whose every
+layer holds a scan, unrolled and as a scan over layers, and a decoder whose attention is a
+`custom_vjp`; compile-only, a few GiB to tens of GiB each.  Each model's table says how many layers `graph.find_layers` found against the
 number the model's author wrote.
 
-    .venv/bin/python benchmarks/unseen.py                 # all eleven (~13 min on 2 cores)
+    .venv/bin/python benchmarks/unseen.py                 # all twelve (~14 min on 2 cores)
     .venv/bin/python benchmarks/unseen.py --models encdec
 """
 
