@@ -48,6 +48,17 @@ def _wrap(fn, pol, cse=True):
     return fn if pol is None else jax.checkpoint(fn, policy=_policy(pol), prevent_cse=cse)
 
 
+def _decoder_loss(block, pols, prevent_cse):
+    """The loss of an unrolled decoder: embedding, `block` per layer under its hand-written
+    policy (`pols`), LayerNorm, head, cross-entropy."""
+    def loss(params, tokens):
+        h = params["embed"][tokens]
+        for p, pol in zip(params["layers"], pols):
+            h = _wrap(block, pol, prevent_cse)(h, p)
+        return _xent(_ln(h) @ params["head"], tokens)
+    return loss
+
+
 def _ln(x):
     x32 = x.astype(jnp.float32)
     mu = x32.mean(-1, keepdims=True)
@@ -93,12 +104,7 @@ def moe(policies=None, prevent_cse=True):
         ye = jnp.einsum("becf,efd->becd", he, p["w2"])
         return h + jnp.einsum("becd,bsec->bsd", ye, disp)
 
-    def loss(params, tokens):
-        h = params["embed"][tokens]
-        for p, pol in zip(params["layers"], pols):
-            h = _wrap(block, pol, prevent_cse)(h, p)
-        return _xent(_ln(h) @ params["head"], tokens)
-
+    loss = _decoder_loss(block, pols, prevent_cse)
     desc = (f"MoE decoder: {d['L']} layers, {E} experts (capacity {C}), d_model {D}, d_ff {F}, seq {d['S']}, "
             f"batch {d['B']}, bf16")
     return loss, (params, sd((d["B"], d["S"]), jnp.int32)), desc, d["L"]
@@ -576,12 +582,7 @@ def vjp_attention(policies=None, prevent_cse=True):
         h = h + _attention(q, k, v).reshape(B, S, D) @ p["wo"]
         return h + jax.nn.gelu(_ln(h) @ p["w1"]) @ p["w2"]
 
-    def loss(params, tokens):
-        h = params["embed"][tokens]
-        for p, pol in zip(params["layers"], pols):
-            h = _wrap(block, pol, prevent_cse)(h, p)
-        return _xent(_ln(h) @ params["head"], tokens)
-
+    loss = _decoder_loss(block, pols, prevent_cse)
     desc = (f"decoder with a custom_vjp attention that recomputes its probabilities: {d['L']} layers, d_model {D}, "
             f"d_ff {d['F']}, seq {d['S']}, batch {d['B']}, bf16")
     return loss, (params, sd((d["B"], d["S"]), jnp.int32)), desc, d["L"]
