@@ -31,6 +31,9 @@ description, layers), as `_thirdparty.py`'s do.
 * `vjp_attention`: a decoder whose attention is a `jax.custom_vjp` that keeps q, k, v, the output
   and the log-sum-exp and recomputes the probabilities in its backward (memory-efficient
   attention as JAX code writes it), so the attention's matmuls are inside a custom_vjp call.
+* `inner_checkpoint`: a decoder whose author wrapped the attention core (scores, softmax, the
+  product with v) in `jax.checkpoint`, as people do to save the S x S scores; the hand-written
+  policies per layer go around that.
 """
 
 from __future__ import annotations
@@ -588,12 +591,46 @@ def vjp_attention(policies=None, prevent_cse=True):
     return loss, (params, sd((d["B"], d["S"]), jnp.int32)), desc, d["L"]
 
 
+# -- a decoder whose author already checkpoints the attention core ------------------------------
+CK = dict(L=12, D=2048, H=16, F=8192, V=32000, S=2048, B=4)
+
+
+def inner_checkpoint(policies=None, prevent_cse=True):
+    d = CK
+    D, H = d["D"], d["H"]
+    layer = {k: sd((D, D), bf) for k in ("wq", "wk", "wv", "wo")}
+    layer.update(w1=sd((D, d["F"]), bf), w2=sd((d["F"], D), bf))
+    params = {"embed": sd((d["V"], D), bf), "layers": [dict(layer) for _ in range(d["L"])],
+              "head": sd((D, d["V"]), bf)}
+    pols = list(policies) if policies is not None else [None] * d["L"]
+
+    @jax.checkpoint  # the author's own: the S x S scores recomputed in the backward pass
+    def core(q, k, v):
+        S = q.shape[1]
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.asarray(q.shape[-1], bf))
+        s = jnp.where(jnp.tril(jnp.ones((S, S), bool)), s, jnp.asarray(-1e4, bf))
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s.astype(jnp.float32), -1).astype(bf), v)
+
+    def block(h, p):
+        B, S, _ = h.shape
+        x = _ln(h)
+        q, k, v = ((x @ p[w]).reshape(B, S, H, D // H) for w in ("wq", "wk", "wv"))
+        h = h + core(q, k, v).reshape(B, S, D) @ p["wo"]
+        return h + jax.nn.gelu(_ln(h) @ p["w1"]) @ p["w2"]
+
+    loss = _decoder_loss(block, pols, prevent_cse)
+    desc = (f"decoder whose attention core its author wrapped in jax.checkpoint: {d['L']} layers, d_model {D}, "
+            f"d_ff {d['F']}, seq {d['S']}, batch {d['B']}, bf16")
+    return loss, (params, sd((d["B"], d["S"]), jnp.int32)), desc, d["L"]
+
+
 def scale_batches(k: int) -> None:
     """Every model's batch times `k` (as `realscale.scale_batches`)."""
-    for d, key in ((MOE, "B"), (UNET, "batch"), (ED, "B"), (VIT, "batch"), (ALT, "B"), (PZ, "B"), (SCANS, "B"), (SSD, "B"), (FA, "B")):
+    for d, key in ((MOE, "B"), (UNET, "batch"), (ED, "B"), (VIT, "batch"), (ALT, "B"), (PZ, "B"), (SCANS, "B"), (SSD, "B"), (FA, "B"), (CK, "B")):
         d[key] *= k
 
 
 BUILDERS = {"moe": moe, "unet": unet, "encdec": encdec, "vit_nnx": vit_nnx, "alternating": alternating,
             "penzai": penzai, "penzai_scan": penzai_scan, "nnx_scan": nnx_scan, "equinox_scan": equinox_scan,
-            "ssd": ssd, "ssd_scan": ssd_scan, "vjp_attention": vjp_attention}
+            "ssd": ssd, "ssd_scan": ssd_scan, "vjp_attention": vjp_attention,
+            "inner_checkpoint": inner_checkpoint}

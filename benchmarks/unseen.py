@@ -7,11 +7,12 @@ mixture-of-experts decoder, a U-Net with skip connections, an encoder-decoder wi
 attention, a ViT in flax nnx, a decoder alternating local and global attention, penzai's
 Gemma-like decoder on named axes, unrolled and in penzai's `LayerStack`, scans over layers
 as flax nnx and equinox code writes them, a Mamba-2-style state-space decoder whose every
-layer holds a scan, unrolled and as a scan over layers, and a decoder whose attention is a
-`custom_vjp`; compile-only, a few GiB to tens of GiB each.  Each model's table says how many layers `graph.find_layers` found against the
+layer holds a scan, unrolled and as a scan over layers, a decoder whose attention is a
+`custom_vjp`, and one whose author already checkpoints the attention core; compile-only, a few
+GiB to tens of GiB each.  Each model's table says how many layers `graph.find_layers` found against the
 number the model's author wrote.
 
-    .venv/bin/python benchmarks/unseen.py                 # all twelve (~14 min on 2 cores)
+    .venv/bin/python benchmarks/unseen.py                 # all thirteen (~15 min on 2 cores)
     .venv/bin/python benchmarks/unseen.py --models encdec
 """
 
