@@ -569,8 +569,9 @@ def _attention_bwd(res, do):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def vjp_attention(policies=None, prevent_cse=True):
-    d = FA
+def _attention_decoder(attention, what: str, d: dict, policies, prevent_cse):
+    """A decoder whose layers call `attention(q, k, v)` on [B, S, H, d] (`vjp_attention`,
+    `inner_checkpoint`), as `_unseen`'s builders return it."""
     D, H = d["D"], d["H"]
     layer = {k: sd((D, D), bf) for k in ("wq", "wk", "wv", "wo")}
     layer.update(w1=sd((D, d["F"]), bf), w2=sd((d["F"], D), bf))
@@ -582,13 +583,16 @@ def vjp_attention(policies=None, prevent_cse=True):
         B, S, _ = h.shape
         x = _ln(h)
         q, k, v = ((x @ p[w]).reshape(B, S, H, D // H) for w in ("wq", "wk", "wv"))
-        h = h + _attention(q, k, v).reshape(B, S, D) @ p["wo"]
+        h = h + attention(q, k, v).reshape(B, S, D) @ p["wo"]
         return h + jax.nn.gelu(_ln(h) @ p["w1"]) @ p["w2"]
 
-    loss = _decoder_loss(block, pols, prevent_cse)
-    desc = (f"decoder with a custom_vjp attention that recomputes its probabilities: {d['L']} layers, d_model {D}, "
-            f"d_ff {d['F']}, seq {d['S']}, batch {d['B']}, bf16")
-    return loss, (params, sd((d["B"], d["S"]), jnp.int32)), desc, d["L"]
+    desc = f"decoder {what}: {d['L']} layers, d_model {D}, d_ff {d['F']}, seq {d['S']}, batch {d['B']}, bf16"
+    return _decoder_loss(block, pols, prevent_cse), (params, sd((d["B"], d["S"]), jnp.int32)), desc, d["L"]
+
+
+def vjp_attention(policies=None, prevent_cse=True):
+    return _attention_decoder(_attention, "with a custom_vjp attention that recomputes its probabilities", FA,
+                              policies, prevent_cse)
 
 
 # -- a decoder whose author already checkpoints the attention core ------------------------------
@@ -596,33 +600,14 @@ CK = dict(L=12, D=2048, H=16, F=8192, V=32000, S=2048, B=4)
 
 
 def inner_checkpoint(policies=None, prevent_cse=True):
-    d = CK
-    D, H = d["D"], d["H"]
-    layer = {k: sd((D, D), bf) for k in ("wq", "wk", "wv", "wo")}
-    layer.update(w1=sd((D, d["F"]), bf), w2=sd((d["F"], D), bf))
-    params = {"embed": sd((d["V"], D), bf), "layers": [dict(layer) for _ in range(d["L"])],
-              "head": sd((D, d["V"]), bf)}
-    pols = list(policies) if policies is not None else [None] * d["L"]
-
     @jax.checkpoint  # the author's own: the S x S scores recomputed in the backward pass
     def core(q, k, v):
         S = q.shape[1]
         s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.asarray(q.shape[-1], bf))
         s = jnp.where(jnp.tril(jnp.ones((S, S), bool)), s, jnp.asarray(-1e4, bf))
         return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s.astype(jnp.float32), -1).astype(bf), v)
-
-    def block(h, p):
-        B, S, _ = h.shape
-        x = _ln(h)
-        q, k, v = ((x @ p[w]).reshape(B, S, H, D // H) for w in ("wq", "wk", "wv"))
-        h = h + core(q, k, v).reshape(B, S, D) @ p["wo"]
-        return h + jax.nn.gelu(_ln(h) @ p["w1"]) @ p["w2"]
-
-    loss = _decoder_loss(block, pols, prevent_cse)
-    desc = (f"decoder whose attention core its author wrapped in jax.checkpoint: {d['L']} layers, d_model {D}, "
-            f"d_ff {d['F']}, seq {d['S']}, batch {d['B']}, bf16")
-    return loss, (params, sd((d["B"], d["S"]), jnp.int32)), desc, d["L"]
-
+    return _attention_decoder(core, "whose attention core its author wrapped in jax.checkpoint", CK, policies,
+                              prevent_cse)
 
 def scale_batches(k: int) -> None:
     """Every model's batch times `k` (as `realscale.scale_batches`)."""
