@@ -289,9 +289,10 @@ def jaxpr_cost(jaxpr: Any) -> OpCost:
 MATMUL_PRIMITIVES = frozenset({"dot_general", "conv_general_dilated"})
 
 
-def jaxpr_matmul_flops(jaxpr: Any) -> float:
+def jaxpr_matmul_flops(jaxpr: Any, batched: bool = False) -> float:
     """FLOPs of the matmuls and convolutions of a ``Jaxpr`` or ``ClosedJaxpr``, recursing into
-    nested jaxprs (scan bodies times their length, the costlier branch of a cond).
+    nested jaxprs (scan bodies times their length, the costlier branch of a cond); `batched`:
+    only those `eqn_matmul_flops(..., batched=True)` counts.
 
     What two versions of one step are compared on: the equations around the matmuls change
     with how a function was staged (`jnp` helpers under `jit` or inlined), their FLOPs do not.
@@ -301,10 +302,6 @@ def jaxpr_matmul_flops(jaxpr: Any) -> float:
     >>> jaxpr_matmul_flops(jax.make_jaxpr(f)(jnp.ones((2, 2))))   # 2*2*2*2 per step, 3 steps
     48.0
     """
-    return _matmul_flops(jaxpr, False)
-
-
-def _matmul_flops(jaxpr: Any, batched: bool) -> float:
     return math.fsum(eqn_matmul_flops(e, batched) for e in getattr(jaxpr, "jaxpr", jaxpr).eqns)
 
 
@@ -317,7 +314,7 @@ def eqn_matmul_flops(eqn, batched: bool = False) -> float:
     if eqn.primitive.name in MATMUL_PRIMITIVES:
         skip = batched and eqn.primitive.name == "dot_general" and not eqn.params["dimension_numbers"][1][0]
         return 0.0 if skip else eqn_cost(eqn).flops
-    subs = [_matmul_flops(j, batched) for j in _nested_jaxprs(eqn)]
+    subs = [jaxpr_matmul_flops(j, batched) for j in _nested_jaxprs(eqn)]
     if not subs:
         return 0.0
     if eqn.primitive.name == "cond":
