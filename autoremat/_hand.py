@@ -144,7 +144,29 @@ def layer_plan(g: Graph, layers: Sequence[Layer], policies: Sequence, *,
                 scans=tuple(scans), argnums=traced.argnums, static_argnums=traced.static_argnums,
                 has_aux=traced.has_aux, meta={"layers": layer_spans(layers), **(meta or {})},
                 values=_records(g, layers, policies),
-                structure=tuple(describe_eqn(e) for e in traced.jaxpr.eqns))
+                structure=tuple(describe_eqn(e) for e in traced.jaxpr.eqns),
+                user_checkpoints=kept_user_checkpoints(traced, layers, policies))
+
+
+def kept_user_checkpoints(traced, layers: Sequence[Layer], policies: Sequence) -> tuple[int, ...]:
+    """The user's own checkpoints (`Traced.user_regions`) a person keeps when they put
+    `policies` on `layers`: those inside a layer under a JAX policy or left alone, and those
+    outside every layer.  Not those a policy replaces (over a whole layer, or over more than
+    one), nor those inside a layer under a solver's set, which decides per value what the
+    layer keeps (it was solved on the inlined layer)."""
+    kept = []
+    for k, u in enumerate(traced.user_regions):
+        home = next(((la, pol) for la, pol in zip(layers, policies)
+                     if la.start <= u.start and u.stop <= la.stop), None)
+        if home is None:
+            if all(u.stop <= la.start or la.stop <= u.start for la in layers):
+                kept.append(k)
+            continue
+        la, pol = home
+        whole = (u.start, u.stop) == (la.start, la.stop)
+        if pol is None or (isinstance(pol, str) and not whole):
+            kept.append(k)
+    return tuple(kept)
 
 
 def _records(g: Graph, layers: Sequence[Layer], policies: Sequence) -> dict[str, ValueRecord]:

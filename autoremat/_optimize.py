@@ -94,7 +94,20 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
     if baseline_peak is not None and baseline_peak <= search.budget:
         return _as_written(model, traced, budget_bytes, baseline_peak, meta, say)
     # The graph may be another trace's of the same signature: run the plan with this one's constants.
-    return replace(search.run(), traced=traced)
+    planned = search.run()
+    return replace(planned, traced=traced, plan=_with_user_checkpoints(planned.plan, traced))
+
+
+def _with_user_checkpoints(plan: Plan, traced) -> Plan:
+    """`plan` with meta["user_checkpoints"]: how many of its own jax.checkpoint calls the
+    function has, and where those the plan replaces are (for the summary and the export)."""
+    if not traced.user_checkpoints:
+        return plan
+    kept = set(plan.user_checkpoints)
+    replaced = [u.where for k, u in enumerate(traced.user_regions) if k not in kept]
+    replaced += ["?"] * (traced.user_checkpoints - len(traced.user_regions))  # left no equations in one run
+    return _with(plan, meta={**plan.meta, "user_checkpoints": {"total": traced.user_checkpoints,
+                                                                "replaced": replaced}})
 
 
 def _baseline_later(fn, traced, call):

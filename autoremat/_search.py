@@ -292,10 +292,10 @@ class PlanSearch:
             _keep_staged(key, staged)
 
     def is_unoptimized(self, plan: Plan) -> bool:
-        """`plan` runs the function as traced, which is what the baseline compile measured (the
-        user's own checkpoints, inlined in plans, are kept in the baseline: not then)."""
+        """`plan` runs the function as written, which is what the baseline compile measured: no
+        region, and every one of the user's own checkpoints kept."""
         return (not plan.regions and not plan.scans and self.baseline_peak is not None
-                and not self.g.traced.user_checkpoints)
+                and len(plan.user_checkpoints) == self.g.traced.user_checkpoints)
 
     def compile_peak(self, segments, how: str = "", result=None) -> int:
         """The compiled peak of the plan of `segments` (compiled once per process)."""

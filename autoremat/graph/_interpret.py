@@ -16,12 +16,15 @@ import jax.extend as jex
 from jax.extend import source_info_util
 
 __all__ = ["scan_counts", "INLINE_PRIMITIVES", "inner_jaxpr", "eval_eqn", "eval_jaxpr", "hi_kind", "user_name",
-           "is_inline", "primitive_label"]
+           "is_inline", "primitive_label", "checkpoint_params", "USER_CHECKPOINT_SCOPE"]
 
 # Primitives that are pure calls: evaluating their body inline changes nothing but the
 # structure.  `remat2`/`checkpoint` is an existing user checkpoint: autoremat replaces it
 # with its own plan.
 INLINE_PRIMITIVES = frozenset({"jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint"})
+# The name-stack scope `eval_jaxpr(marks=...)` puts around the equations an inlined user
+# checkpoint became (followed by its index in `marks`); `graph.trace` reads and removes it.
+USER_CHECKPOINT_SCOPE = "autoremat-user-checkpoint-"
 
 
 def scan_counts(params) -> tuple[int, int]:
@@ -66,6 +69,16 @@ def primitive_label(eqn) -> str:
     return "checkpoint" if kind == "RematTraced" else eqn.primitive.name
 
 
+def checkpoint_params(eqn) -> tuple[Any, bool] | None:
+    """(policy, prevent_cse) of a `jax.checkpoint` equation, remat3 on or off (which has no
+    prevent_cse: True, JAX's default); None for any other equation."""
+    if hi_kind(eqn) == "RematTraced":
+        return eqn.params["_prim"].params.get("policy"), True
+    if eqn.primitive.name in ("remat2", "checkpoint"):
+        return eqn.params.get("policy"), bool(eqn.params.get("prevent_cse", True))
+    return None
+
+
 def inner_jaxpr(eqn) -> tuple[Any, Sequence[Any]]:
     """Returns (jaxpr, consts) of a call-like equation's body."""
     if hi_kind(eqn) == "RematTraced":
@@ -101,6 +114,7 @@ def eval_jaxpr(
     *,
     inline: bool = True,
     on_eqn: Callable[[int, Any, list[Any]], list[Any]] | None = None,
+    marks: list | None = None,
 ) -> list[Any]:
     """Evaluates `jaxpr`, inlining call-like primitives when `inline` is true.
 
@@ -111,6 +125,9 @@ def eval_jaxpr(
       inline: recurse into `INLINE_PRIMITIVES` instead of binding them.
       on_eqn: optional hook `(index, eqn, outvals) -> outvals` run after each equation
         (used to tag values with `checkpoint_name`).
+      marks: where given, each inlined `jax.checkpoint`'s `checkpoint_params` and source line
+        (`file:line (function)`) are appended to it, and the equations its body becomes carry `USER_CHECKPOINT_SCOPE` and its index in their
+        name stack.
     """
     env: dict[Any, Any] = {}
 
@@ -128,8 +145,7 @@ def eval_jaxpr(
     for i, eqn in enumerate(jaxpr.eqns):
         invals = [read(v) for v in eqn.invars]
         if inline and is_inline(eqn):
-            body, body_consts = inner_jaxpr(eqn)
-            outvals = eval_jaxpr(body, body_consts, invals, inline=True)
+            outvals = _inlined(eqn, invals, marks)
         else:
             outvals = eval_eqn(eqn, invals)
         if on_eqn is not None:
@@ -137,3 +153,13 @@ def eval_jaxpr(
         for v, val in zip(eqn.outvars, outvals):
             write(v, val)
     return [read(v) for v in jaxpr.outvars]
+
+
+def _inlined(eqn, invals, marks: list | None) -> list[Any]:
+    body, body_consts = inner_jaxpr(eqn)
+    params = checkpoint_params(eqn) if marks is not None else None
+    if params is None:
+        return eval_jaxpr(body, body_consts, invals, inline=True, marks=marks)
+    marks.append((*params, source_info_util.summarize(eqn.source_info)))
+    with source_info_util.extend_name_stack(f"{USER_CHECKPOINT_SCOPE}{len(marks) - 1}"):
+        return eval_jaxpr(body, body_consts, invals, inline=True, marks=marks)

@@ -17,11 +17,26 @@ from typing import Any
 import jax
 import jax.extend as jex
 import numpy as np
+from jax.extend import source_info_util
 
 from autoremat._errors import ShardingUnknownError, UnsupportedFunctionError
-from autoremat.graph._interpret import eval_jaxpr
+from autoremat.graph._interpret import USER_CHECKPOINT_SCOPE, eval_jaxpr
 
-__all__ = ["Traced", "trace", "structure_fingerprint", "describe_eqn"]
+__all__ = ["Traced", "UserCheckpoint", "trace", "structure_fingerprint", "describe_eqn"]
+
+
+@dataclass(frozen=True, eq=False)
+class UserCheckpoint:
+    """One of the user's own `jax.checkpoint` calls, inlined into top-level equations
+    `[start, stop)`: what a plan that keeps it (`Plan.user_checkpoints`) wraps in
+    `jax.checkpoint(policy=policy, prevent_cse=prevent_cse)` again; `where` is the call's
+    source line."""
+
+    start: int
+    stop: int
+    policy: Any
+    prevent_cse: bool = True
+    where: str = ""
 
 
 @dataclass(frozen=True, eq=False)
@@ -52,6 +67,9 @@ class Traced:
     fn_code: tuple[str, int] | None = None  # (file, first line) of the traced function's code
     # How many of the user's own jax.checkpoint calls inlining removed (0 with inline=False).
     user_checkpoints: int = 0
+    # Those of them a plan can keep, outermost first (`UserCheckpoint`; one whose body left no
+    # equation, or equations not in one run, is not among them).
+    user_regions: tuple = ()
 
     @property
     def signature(self) -> tuple:
@@ -186,14 +204,14 @@ def trace(fn, args: Sequence[Any], kwargs: dict | None = None, *, argnums=0,
             f"arrays that returns arrays") from e
     out_tree = jax.tree_util.tree_structure(out_shape)
     _check_output(fn, closed, out_shape, has_aux)
-    n_checkpoints = 0
+    n_checkpoints, regions = 0, ()
     if inline:
         n_checkpoints = count_inlined_checkpoints(closed.jaxpr)
-        closed = _inline(closed, in_avals)
+        closed, regions = _inline(closed, in_avals)
     return Traced(closed, in_tree, out_tree, tuple(v.aval for v in closed.jaxpr.invars),
                   tuple(names), tuple(diff_mask), structure_fingerprint(closed.jaxpr),
                   tuple(leaf_sharding(x) for x in leaves), argnums, tuple(static_argnums), has_aux,
-                  _code_of(fn), n_checkpoints)
+                  _code_of(fn), n_checkpoints, regions)
 
 
 def _leaf_names_and_mask(leaves_with_path, dyn_positions, diff_dyn) -> tuple[list[str], list[bool]]:
@@ -337,9 +355,35 @@ def _code_of(fn) -> tuple[str, int] | None:
 
 
 def _inline(closed, in_avals):
-    jaxpr, consts = closed.jaxpr, closed.consts
-    f = functools.partial(eval_jaxpr, jaxpr, consts)
-    return jax.make_jaxpr(lambda *a: f(a))(*in_avals)
+    """The jaxpr with nested calls and the user's checkpoints inlined, and where each of those
+    checkpoints went (`UserCheckpoint`, read from the name-stack scope `eval_jaxpr` marks them
+    with, which is then removed)."""
+    marks: list = []
+    f = functools.partial(eval_jaxpr, closed.jaxpr, closed.consts, marks=marks)
+    flat = jax.make_jaxpr(lambda *a: f(a))(*in_avals)
+    at: dict[int, list[int]] = {}
+    eqns = []
+    for i, eqn in enumerate(flat.jaxpr.eqns):
+        stack = eqn.source_info.name_stack.stack
+        ids = [_mark_index(s) for s in stack]
+        for k in ids:
+            if k is not None:
+                at.setdefault(k, []).append(i)
+        if any(k is not None for k in ids):
+            kept = source_info_util.NameStack(tuple(s for s, k in zip(stack, ids) if k is None))
+            eqn = eqn.replace(source_info=eqn.source_info.replace(name_stack=kept))
+        eqns.append(eqn)
+    regions = [UserCheckpoint(idx[0], idx[-1] + 1, *marks[k]) for k, idx in at.items()
+               if idx[-1] - idx[0] + 1 == len(idx)]
+    regions.sort(key=lambda r: (r.start, -r.stop))
+    return jex.core.ClosedJaxpr(flat.jaxpr.replace(eqns=eqns), flat.consts), tuple(regions)
+
+
+def _mark_index(scope) -> int | None:
+    name = getattr(scope, "name", "")
+    if isinstance(name, str) and name.startswith(USER_CHECKPOINT_SCOPE):
+        return int(name[len(USER_CHECKPOINT_SCOPE):])
+    return None
 
 
 def describe_eqn(eqn) -> str:

@@ -48,6 +48,7 @@ def region_policy(saved_names: Sequence[str], offloaded_names: Sequence[str], po
 def check_plan_matches(plan: Plan, traced: Traced, fn_name: str = "fn") -> None:
     """Raises PlanMismatchError, saying what differs, if `plan` was made for another function."""
     if plan.fingerprint == traced.fingerprint:
+        _check_user_checkpoints(plan, traced, fn_name)
         return
     from autoremat.graph._trace import describe_eqn
 
@@ -65,6 +66,22 @@ def check_plan_matches(plan: Plan, traced: Traced, fn_name: str = "fn") -> None:
         f"this plan was made for a different function or other argument shapes (fingerprint "
         f"{plan.fingerprint}, {fn_name} traces to {traced.fingerprint}): {detail}. "
         f"Re-run the search for the changed function")
+
+
+def _check_user_checkpoints(plan: Plan, traced: Traced, fn_name: str) -> None:
+    """The user checkpoints `plan` keeps exist in `traced` and nest with its regions."""
+    n = len(traced.user_regions)
+    for k in plan.user_checkpoints:
+        if k >= n:
+            raise PlanMismatchError(
+                f"the plan keeps the user's jax.checkpoint number {k}, and {fn_name} has {n} that a plan can "
+                f"keep. Re-run the search for this function")
+        u = traced.user_regions[k]
+        for r in plan.all_regions():
+            if u.start < r.start < u.stop or u.start < r.stop < u.stop:
+                raise PlanMismatchError(
+                    f"the plan keeps the user's jax.checkpoint over equations [{u.start}, {u.stop}), which "
+                    f"overlaps its region [{r.start}, {r.stop}) without nesting in it. Re-run the search")
 
 
 def _live_sets(jaxpr, start: int, stop: int):
@@ -97,6 +114,12 @@ class _Evaluator:
         for i, eqn in enumerate(self.jaxpr.eqns):
             for j, v in enumerate(eqn.outvars):
                 self.var_ids[v] = f"e{i}:{j}"
+        # The user's own checkpoints the plan keeps, outermost first (as `Traced.user_regions`).
+        regions = traced.user_regions
+        self.kept = [regions[k] for k in sorted(plan.user_checkpoints) if k < len(regions)]
+        self.kept_at: dict[int, list[int]] = {}
+        for i, u in enumerate(self.kept):
+            self.kept_at.setdefault(u.start, []).append(i)
 
     def __call__(self, flat_args):
         env = {}
@@ -110,12 +133,38 @@ class _Evaluator:
     def _run_range(self, env, start, stop, regions: Sequence[Region], tags: dict):
         i = start
         for r in regions:
-            for k in range(i, r.start):
-                self._eqn(env, k, tags)
+            self._eqns(env, i, r.start, tags)
             self._region(env, r)
             i = r.stop
-        for k in range(i, stop):
-            self._eqn(env, k, tags)
+        self._eqns(env, i, stop, tags)
+
+    def _eqns(self, env, start: int, stop: int, tags: dict, inside: int = -1):
+        """Equations `[start, stop)`, with the kept user checkpoints in that range (after
+        `self.kept[inside]`, the one being evaluated) as theirs again."""
+        k = start
+        while k < stop:
+            i = next((i for i in self.kept_at.get(k, ()) if i > inside and self.kept[i].stop <= stop), None)
+            if i is None:
+                self._eqn(env, k, tags)
+                k += 1
+            else:
+                self._user_checkpoint(env, i, tags)
+                k = self.kept[i].stop
+
+    def _user_checkpoint(self, env, i: int, tags: dict):
+        """The user's own `jax.checkpoint` `self.kept[i]`, as they wrote it (plain
+        `jax.checkpoint`, remat3 on or off, as their step compiles)."""
+        u = self.kept[i]
+        ins, outs = _live_sets(self.jaxpr, u.start, u.stop)
+
+        def body(*in_vals):
+            local = dict(zip(ins, in_vals))
+            self._eqns(local, u.start, u.stop, tags, inside=i)
+            return [local[v] for v in outs]
+
+        out_vals = jax.checkpoint(body, policy=u.policy, prevent_cse=u.prevent_cse)(*[env[v] for v in ins])
+        for v, val in zip(outs, out_vals):
+            env[v] = val
 
     def _eqn(self, env, k, tags):
         eqn = self.jaxpr.eqns[k]

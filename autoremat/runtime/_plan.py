@@ -156,6 +156,11 @@ class Plan:
       structure: per top-level equation, a one-line description (for mismatch messages).
       as_written: the function runs as the user wrote it, its own `jax.checkpoint` calls
         included (the plan when that already fits the budget); regions and scans are empty.
+      user_checkpoints: which of the user's own `jax.checkpoint` calls the plan keeps, as
+        indices into the traced function's `user_regions`: each is a `jax.checkpoint` with the
+        user's policy again, inside the region it lies in (how a person keeps the checkpoint
+        they wrote in a layer when they put a policy around the layer).  The others are inlined:
+        what their equations keep is the plan's to decide.
     """
 
     fingerprint: str
@@ -172,10 +177,13 @@ class Plan:
     meta: Mapping[str, Any] = field(default_factory=dict)
     structure: tuple[str, ...] = ()
     as_written: bool = False
+    user_checkpoints: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.as_written and (self.regions or self.scans):
             raise PlanFormatError("a plan that runs the function as written has no regions or scan plans")
+        if any(k < 0 for k in self.user_checkpoints) or len(set(self.user_checkpoints)) < len(self.user_checkpoints):
+            raise PlanFormatError(f"user_checkpoints {list(self.user_checkpoints)} has a negative or repeated index")
         prev = 0
         for r in self.regions:
             if r.start < prev:
@@ -244,6 +252,7 @@ class Plan:
             "meta": _jsonable(dict(self.meta)),
             "structure": list(self.structure),
             "as_written": self.as_written,
+            "user_checkpoints": list(self.user_checkpoints),
         }
 
     @classmethod
@@ -272,7 +281,8 @@ class Plan:
                 static_argnums=tuple(d.get("static_argnums", [])), has_aux=bool(d.get("has_aux", False)),
                 predicted_peak=d.get("predicted_peak"), budget=d.get("budget"),
                 estimated_extra_time=d.get("estimated_extra_time"), meta=d.get("meta", {}),
-                structure=tuple(d.get("structure", [])), as_written=bool(d.get("as_written", False)))
+                structure=tuple(d.get("structure", [])), as_written=bool(d.get("as_written", False)),
+                user_checkpoints=tuple(int(k) for k in d.get("user_checkpoints", [])))
         except PlanFormatError as e:  # a region or value the constructors reject: say where
             raise PlanFormatError(f"{source}: {e}") from None
         except (KeyError, TypeError, ValueError) as e:

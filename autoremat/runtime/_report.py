@@ -8,7 +8,7 @@ from tabulate import tabulate
 from autoremat._units import format_bytes
 from autoremat.runtime._by_layer import layer_rows
 
-__all__ = ["plan_summary"]
+__all__ = ["plan_summary", "user_checkpoint_lines"]
 
 
 def plan_summary(plan, max_rows: int = 40, *, verbose: bool = False) -> str:
@@ -37,9 +37,28 @@ def _header(plan) -> list[str]:
             f" (the search expected {format_bytes(expected)} before compiling it)" if expected else ""))
     if plan.meta.get("baseline_peak"):
         lines.append(f"un-optimized compiled peak {format_bytes(plan.meta['baseline_peak'])}")
+    lines += user_checkpoint_lines(plan)
     if plan.estimated_extra_time is not None:
         lines.append(f"estimated extra time {plan.estimated_extra_time * 1e3:.3f} ms per step "
                      f"(profile {plan.meta.get('profile', '?')})")
+    return lines
+
+
+def user_checkpoint_lines(plan) -> list[str]:
+    """What the plan does with the function's own jax.checkpoint calls (`meta["user_checkpoints"]`):
+    how many it keeps as written, and where those it replaces are."""
+    info = plan.meta.get("user_checkpoints")
+    if not info or plan.as_written:
+        return []
+    total, replaced = int(info["total"]), list(info["replaced"])
+    if not replaced:
+        return [f"your own jax.checkpoint calls: all {total} kept as you wrote them"]
+    lines = [f"your own jax.checkpoint calls: {total - len(replaced)} of {total} kept as you wrote them; the plan "
+             f"decides what the code of the other {len(replaced)} keeps (remove them where you apply it by hand):"]
+    where = sorted(set(replaced))
+    lines += [f"  {w}" + (f" (x{replaced.count(w)})" if replaced.count(w) > 1 else "") for w in where[:8]]
+    if len(where) > 8:
+        lines.append(f"  ... {len(where) - 8} more places")
     return lines
 
 
