@@ -33,7 +33,7 @@ description, layers), as `_thirdparty.py`'s do.
   attention as JAX code writes it), so the attention's matmuls are inside a custom_vjp call.
 * `inner_checkpoint`: a decoder whose author wrapped the attention core (scores, softmax, the
   product with v) in `jax.checkpoint`, as people do to save the S x S scores; the hand-written
-  policies per layer go around that.
+  policies per layer go around that.  `inner_checkpoint_scan`: its layers in a scan over layers.
 """
 
 from __future__ import annotations
@@ -569,25 +569,36 @@ def _attention_bwd(res, do):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def _attention_decoder(attention, what: str, d: dict, policies, prevent_cse):
-    """A decoder whose layers call `attention(q, k, v)` on [B, S, H, d] (`vjp_attention`,
-    `inner_checkpoint`), as `_unseen`'s builders return it."""
-    D, H = d["D"], d["H"]
-    layer = {k: sd((D, D), bf) for k in ("wq", "wk", "wv", "wo")}
-    layer.update(w1=sd((D, d["F"]), bf), w2=sd((d["F"], D), bf))
-    params = {"embed": sd((d["V"], D), bf), "layers": [dict(layer) for _ in range(d["L"])],
-              "head": sd((D, d["V"]), bf)}
-    pols = list(policies) if policies is not None else [None] * d["L"]
+def _attention_layer(d: dict, lead: tuple = ()) -> dict:
+    D = d["D"]
+    layer = {k: sd((*lead, D, D), bf) for k in ("wq", "wk", "wv", "wo")}
+    layer.update(w1=sd((*lead, D, d["F"]), bf), w2=sd((*lead, d["F"], D), bf))
+    return layer
 
+
+def _attention_block(attention, H: int):
+    """A decoder layer that calls `attention(q, k, v)` on [B, S, H, d]."""
     def block(h, p):
-        B, S, _ = h.shape
+        B, S, D = h.shape
         x = _ln(h)
         q, k, v = ((x @ p[w]).reshape(B, S, H, D // H) for w in ("wq", "wk", "wv"))
         h = h + attention(q, k, v).reshape(B, S, D) @ p["wo"]
         return h + jax.nn.gelu(_ln(h) @ p["w1"]) @ p["w2"]
+    return block
 
-    desc = f"decoder {what}: {d['L']} layers, d_model {D}, d_ff {d['F']}, seq {d['S']}, batch {d['B']}, bf16"
-    return _decoder_loss(block, pols, prevent_cse), (params, sd((d["B"], d["S"]), jnp.int32)), desc, d["L"]
+
+def _attention_desc(what: str, d: dict) -> str:
+    return f"decoder {what}: {d['L']} layers, d_model {d['D']}, d_ff {d['F']}, seq {d['S']}, batch {d['B']}, bf16"
+
+
+def _attention_decoder(attention, what: str, d: dict, policies, prevent_cse):
+    """A decoder whose layers call `attention(q, k, v)` on [B, S, H, d] (`vjp_attention`,
+    `inner_checkpoint`), as `_unseen`'s builders return it."""
+    params = {"embed": sd((d["V"], d["D"]), bf), "layers": [_attention_layer(d) for _ in range(d["L"])],
+              "head": sd((d["D"], d["V"]), bf)}
+    pols = list(policies) if policies is not None else [None] * d["L"]
+    return (_decoder_loss(_attention_block(attention, d["H"]), pols, prevent_cse),
+            (params, sd((d["B"], d["S"]), jnp.int32)), _attention_desc(what, d), d["L"])
 
 
 def vjp_attention(policies=None, prevent_cse=True):
@@ -597,17 +608,37 @@ def vjp_attention(policies=None, prevent_cse=True):
 
 # -- a decoder whose author already checkpoints the attention core ------------------------------
 CK = dict(L=12, D=2048, H=16, F=8192, V=32000, S=2048, B=4)
+_CK_WHAT = "whose attention core its author wrapped in jax.checkpoint"
+
+
+@jax.checkpoint  # the author's own: the S x S scores recomputed in the backward pass
+def _checkpointed_core(q, k, v):
+    S = q.shape[1]
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.asarray(q.shape[-1], bf))
+    s = jnp.where(jnp.tril(jnp.ones((S, S), bool)), s, jnp.asarray(-1e4, bf))
+    return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s.astype(jnp.float32), -1).astype(bf), v)
 
 
 def inner_checkpoint(policies=None, prevent_cse=True):
-    @jax.checkpoint  # the author's own: the S x S scores recomputed in the backward pass
-    def core(q, k, v):
-        S = q.shape[1]
-        s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.asarray(q.shape[-1], bf))
-        s = jnp.where(jnp.tril(jnp.ones((S, S), bool)), s, jnp.asarray(-1e4, bf))
-        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s.astype(jnp.float32), -1).astype(bf), v)
-    return _attention_decoder(core, "whose attention core its author wrapped in jax.checkpoint", CK, policies,
-                              prevent_cse)
+    return _attention_decoder(_checkpointed_core, _CK_WHAT, CK, policies, prevent_cse)
+
+
+def inner_checkpoint_scan(policies=None, prevent_cse=True):
+    """`inner_checkpoint`'s layers stacked and run by `lax.scan`: the author's checkpoint is inside
+    the scan's body."""
+    d = CK
+    params = {"embed": sd((d["V"], d["D"]), bf), "layers": _attention_layer(d, (d["L"],)),
+              "head": sd((d["D"], d["V"]), bf)}
+    pol = (policies or [None])[0]
+    block = _attention_block(_checkpointed_core, d["H"])
+
+    def loss(params, tokens):
+        body = _wrap(lambda h, p: (block(h, p), None), pol, prevent_cse)
+        h, _ = jax.lax.scan(body, params["embed"][tokens], params["layers"])
+        return _xent(_ln(h) @ params["head"], tokens)
+    return (loss, (params, sd((d["B"], d["S"]), jnp.int32)), _attention_desc(_CK_WHAT + " (scan over layers)", d),
+            d["L"])
+
 
 def scale_batches(k: int) -> None:
     """Every model's batch times `k` (as `realscale.scale_batches`)."""
@@ -618,4 +649,4 @@ def scale_batches(k: int) -> None:
 BUILDERS = {"moe": moe, "unet": unet, "encdec": encdec, "vit_nnx": vit_nnx, "alternating": alternating,
             "penzai": penzai, "penzai_scan": penzai_scan, "nnx_scan": nnx_scan, "equinox_scan": equinox_scan,
             "ssd": ssd, "ssd_scan": ssd_scan, "vjp_attention": vjp_attention,
-            "inner_checkpoint": inner_checkpoint}
+            "inner_checkpoint": inner_checkpoint, "inner_checkpoint_scan": inner_checkpoint_scan}

@@ -12,7 +12,7 @@ layer holds a scan, unrolled and as a scan over layers, a decoder whose attentio
 GiB to tens of GiB each.  Each model's table says how many layers `graph.find_layers` found against the
 number the model's author wrote.
 
-    .venv/bin/python benchmarks/unseen.py                 # all thirteen (~15 min on 2 cores)
+    .venv/bin/python benchmarks/unseen.py                 # all fourteen (~17 min on 2 cores)
     .venv/bin/python benchmarks/unseen.py --models encdec
 """
 
