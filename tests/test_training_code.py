@@ -61,14 +61,13 @@ def test_a_policy_written_into_the_model_is_kept(tmp_path):
     assert compiled_stats(again, *ex.args).peak_bytes == as_written
 
 
-@jax.checkpoint  # the author's own, as in benchmarks/_unseen.py's `inner_checkpoint`
-def _attention_core(q, k, v):
-    return jnp.einsum("bqk,bkd->bqd", jax.nn.softmax(jnp.einsum("bqd,bkd->bqk", q, k), -1), v)
-
-
 def _inner_checkpoint_stack(policies=None):
     """A 4-layer decoder whose attention core its author checkpointed; `policies` per layer
     around it, as a person writes them."""
+    @jax.checkpoint  # the author's own, as in benchmarks/_unseen.py's `inner_checkpoint`
+    def _attention_core(q, k, v):
+        return jnp.einsum("bqk,bkd->bqd", jax.nn.softmax(jnp.einsum("bqd,bkd->bqk", q, k), -1), v)
+
     def norm(x):
         return x / jnp.sqrt(jnp.mean(x**2, -1, keepdims=True) + 1e-6)
 
@@ -116,9 +115,10 @@ def test_the_authors_checkpoints_are_found_and_kept_with_remat3_on():
     """Under remat3 the user's checkpoints are `call_hi_primitive`s: found all the same, and the
     plan keeping them gives the function's gradients (to float32 rounding: remat3's backward
     pass is another program)."""
-    loss, args = _inner_checkpoint_stack()
     with remat3_flag(True):
+        loss, args = _inner_checkpoint_stack()  # written under the flag: `call_hi_primitive`s
         t = trace(loss, args)
+        assert all(e.primitive.name != "remat2" for e in jax.make_jaxpr(loss)(*args).jaxpr.eqns)
         assert [u.stop - u.start for u in t.user_regions] == [t.user_regions[0].stop - t.user_regions[0].start] * 4
         g = graph_from_traced(t)
         plan = layer_plan(g, find_layers(g), ["nothing_saveable"] * 4)

@@ -30,7 +30,9 @@ class UserCheckpoint:
     """One of the user's own `jax.checkpoint` calls, inlined into top-level equations
     `[start, stop)`: what a plan that keeps it (`Plan.user_checkpoints`) wraps in
     `jax.checkpoint(policy=policy, prevent_cse=prevent_cse)` again; `where` is the call's
-    source line."""
+    source line.  (`jax.checkpoint` picks remat2 or remat3 when it wraps a function: one the user
+    wrapped under the other `jax_remat3` setting than the plan runs under is made under the
+    plan's.)"""
 
     start: int
     stop: int
