@@ -19,8 +19,8 @@ __all__ = ["scan_counts", "INLINE_PRIMITIVES", "inner_jaxpr", "eval_eqn", "eval_
            "is_inline", "primitive_label", "checkpoint_params", "USER_CHECKPOINT_SCOPE"]
 
 # Primitives that are pure calls: evaluating their body inline changes nothing but the
-# structure.  `remat2`/`checkpoint` is an existing user checkpoint: autoremat replaces it
-# with its own plan.
+# structure.  `remat2`/`checkpoint` is an existing user checkpoint: inlined for planning, and
+# kept or replaced by each plan (`Plan.user_checkpoints`).
 INLINE_PRIMITIVES = frozenset({"jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint"})
 # The name-stack scope `eval_jaxpr(marks=...)` puts around the equations an inlined user
 # checkpoint became (followed by its index in `marks`); `graph.trace` reads and removes it.
@@ -126,8 +126,8 @@ def eval_jaxpr(
       on_eqn: optional hook `(index, eqn, outvals) -> outvals` run after each equation
         (used to tag values with `checkpoint_name`).
       marks: where given, each inlined `jax.checkpoint`'s `checkpoint_params` and source line
-        (`file:line (function)`) are appended to it, and the equations its body becomes carry `USER_CHECKPOINT_SCOPE` and its index in their
-        name stack.
+        (`file:line (function)`) are appended to it, and the equations its body becomes carry
+        `USER_CHECKPOINT_SCOPE` and its index in their name stack.
     """
     env: dict[Any, Any] = {}
 

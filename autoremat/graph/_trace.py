@@ -3,7 +3,8 @@
 `trace(fn, args)` flattens pytree arguments, closes over static arguments, traces with
 `jax.make_jaxpr`, and re-traces through `_interpret.eval_jaxpr` so that nested `jit`
 calls and existing `jax.checkpoint` regions are inlined: every equation a plan talks about
-is then a top-level equation (or one inside a `scan`/`while`/`cond` body).
+is then a top-level equation (or one inside a `scan`/`while`/`cond` body).  Where each of the
+user's checkpoints went is kept (`Traced.user_regions`), so that a plan can keep it.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ The function is traced once per argument signature; its flat jaxpr is evaluated 
 by equation.  Each `Region` of the plan becomes a `jax.checkpoint` whose policy is
 name-based (`save_only_these_names`, or `save_and_offload_only_these_names` when the region
 offloads), and the values the plan keeps are tagged with `checkpoint_name`.  Scans with a
-`ScanPlan` are re-issued through `jax.lax.scan` with a checkpointed body.  Because only
+`ScanPlan` are re-issued through `jax.lax.scan` with a checkpointed body.  The user's own
+checkpoints the plan keeps (`Plan.user_checkpoints`) become `jax.checkpoint` calls with their
+policies again, inside the region they lie in; the others stay inlined.  Because only
 names and public policies are used, the result behaves the same with `jax_remat3` on and
 off and under `jit`, `grad`, `value_and_grad` and `vmap` (under remat3 the checkpoints are tied
 to the backward pass, see `_checkpoint.py`, which costs forward-mode differentiation).
@@ -152,8 +154,9 @@ class _Evaluator:
                 k = self.kept[i].stop
 
     def _user_checkpoint(self, env, i: int, tags: dict):
-        """The user's own `jax.checkpoint` `self.kept[i]`, as they wrote it (plain
-        `jax.checkpoint`, remat3 on or off, as their step compiles)."""
+        """The user's own `jax.checkpoint` `self.kept[i]` as they wrote it: plain `jax.checkpoint`
+        with their policy and barriers (not `_checkpoint.checkpoint`, so under remat3 it is the
+        remat3 program their step compiles to)."""
         u = self.kept[i]
         ins, outs = _live_sets(self.jaxpr, u.start, u.stop)
 

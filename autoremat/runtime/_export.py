@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from typing import TYPE_CHECKING
+
 from autoremat.runtime._report import user_checkpoint_lines
 
 if TYPE_CHECKING:  # _plan imports this module (Plan.to_python), not the other way round
