@@ -152,8 +152,8 @@ def test_optimize_fits_where_the_authors_checkpoint_and_a_policy_per_layer_do():
     assert compiled_stats(opt, *args).matmul_flops <= hand.matmul_flops
     plan = opt.plan(*args)
     kept = len(plan.user_checkpoints)
-    assert (f"your own jax.checkpoint calls: {'all 4' if kept == 4 else f'{kept} of 4'} kept as you wrote them"
-            in plan.summary())
+    said = f"your own jax.checkpoint calls: {'all 4' if kept == 4 else f'{kept} of 4'} kept as you wrote them"
+    assert said in plan.summary() and f"# {said}" in plan.to_python()
 
 
 def test_an_integer_leaf_in_the_differentiated_arguments_fails_before_tracing():
