@@ -158,15 +158,20 @@ class _Evaluator:
         with their policy and barriers (not `_checkpoint.checkpoint`, so under remat3 it is the
         remat3 program their step compiles to)."""
         u = self.kept[i]
-        ins, outs = _live_sets(self.jaxpr, u.start, u.stop)
+        self._as_call(env, u.start, u.stop, lambda local: self._eqns(local, u.start, u.stop, tags, inside=i),
+                      lambda body: jax.checkpoint(body, policy=u.policy, prevent_cse=u.prevent_cse))
+
+    def _as_call(self, env, start: int, stop: int, run, wrap):
+        """Equations `[start, stop)` as one call of their live-in values, made by `wrap` (a
+        checkpoint) around a body in which `run(local)` evaluates them."""
+        ins, outs = _live_sets(self.jaxpr, start, stop)
 
         def body(*in_vals):
             local = dict(zip(ins, in_vals))
-            self._eqns(local, u.start, u.stop, tags, inside=i)
+            run(local)
             return [local[v] for v in outs]
 
-        out_vals = jax.checkpoint(body, policy=u.policy, prevent_cse=u.prevent_cse)(*[env[v] for v in ins])
-        for v, val in zip(outs, out_vals):
+        for v, val in zip(outs, wrap(body)(*[env[v] for v in ins])):
             env[v] = val
 
     def _eqn(self, env, k, tags):
@@ -185,22 +190,13 @@ class _Evaluator:
                 env[v] = val
 
     def _region(self, env, r: Region):
-        ins, outs = _live_sets(self.jaxpr, r.start, r.stop)
         tags = {}
         tags.update(checkpoint_names(self.plan.values, r.saved))
         tags.update(checkpoint_names(self.plan.values, r.offloaded))
         saved = sorted(set(checkpoint_names(self.plan.values, r.saved).values()))
         offloaded = sorted(set(checkpoint_names(self.plan.values, r.offloaded).values()))
-
-        def body(*in_vals):
-            local = dict(zip(ins, in_vals))
-            self._run_range(local, r.start, r.stop, r.children, tags)
-            return [local[v] for v in outs]
-
-        fn = checkpoint(body, policy=region_policy(saved, offloaded, r.policy), prevent_cse=True)
-        out_vals = fn(*[env[v] for v in ins])
-        for v, val in zip(outs, out_vals):
-            env[v] = val
+        self._as_call(env, r.start, r.stop, lambda local: self._run_range(local, r.start, r.stop, r.children, tags),
+                      lambda body: checkpoint(body, policy=region_policy(saved, offloaded, r.policy), prevent_cse=True))
 
 
 def _run_scan(eqn, invals, sp: ScanPlan, plan: Plan, oid: str):
