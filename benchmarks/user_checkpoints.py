@@ -22,7 +22,7 @@ import time
 from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import realscale  # noqa: E402,F401  (sets XLA:CPU's flags before JAX starts)
+import realscale  # noqa: E402  (sets XLA:CPU's flags before JAX starts)
 from _common import provenance  # noqa: E402
 from _unseen import inner_checkpoint  # noqa: E402
 
@@ -36,7 +36,7 @@ OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "user_
 
 
 def _cell(st) -> str:
-    return f"{st.peak_bytes} / {st.matmul_flops / 1e12:.4f}"
+    return f"{st.peak_bytes} ({st.peak_bytes / realscale.GiB:.2f} GiB) / {st.matmul_flops / 1e12:.4f}"
 
 
 def main() -> int:
