@@ -469,7 +469,8 @@ def test_inspect_total_is_saved_residuals_less_the_jit_boundary_literals():
 def test_find_layers_finds_every_repeated_layer():
     """The unrolled transformer's 4 layers, found from the equations alone (tandem repeats of
     position-free tokens), cut on the residual stream, all with one structural (WL) hash; a
-    scan over layers is a layer of its own; the U-Net's stages differ in shape: none repeat."""
+    scan over layers is a layer of its own (the U-Net's stages, which do not repeat:
+    `test_find_layers_finds_the_stages_of_a_u_net`)."""
     from autoremat.examples import get_example
     from autoremat.graph import build_graph
     from autoremat.graph._layers import crossing_bytes, find_layers
@@ -486,8 +487,30 @@ def test_find_layers_finds_every_repeated_layer():
     gs = build_graph(scan.fn, *scan.args)
     (only,) = find_layers(gs)
     assert list(gs.ops.values())[only.start].primitive == "scan" and only.stop == only.start + 1
-    conv = get_example("convnet")
-    assert find_layers(build_graph(conv.fn, *conv.args)) == ()
+
+
+def test_find_layers_finds_the_stages_of_a_u_net():
+    """No two stages of a U-Net are alike (their widths differ) and its skips cross every cut on
+    the residual stream, yet its stages are found where the example writes them: each ends
+    where a skip is made (after the pooling) or taken (before the upsampling that precedes the
+    concatenation), with its two convs; the head's 1x1 conv is left outside.  Without the
+    skips' ends, no layer was found and no policy per stage was a candidate."""
+    from autoremat.examples import get_example
+    from autoremat.graph import build_graph
+    from autoremat.graph._layers import find_layers
+
+    conv = get_example("convnet")  # depth 3: 3 down stages, the middle one, 3 up stages
+    g = build_graph(conv.fn, *conv.args)
+    ops = list(g.ops.values())
+    layers = find_layers(g)
+    assert len(layers) == 7 and len({la.key for la in layers}) == 7
+    assert all(a.stop == b.start for a, b in zip(layers, layers[1:]))
+    convs = [[i for i in range(la.start, la.stop) if ops[i].primitive == "conv_general_dilated"] for la in layers]
+    assert [len(c) for c in convs] == [2] * 7
+    assert layers[0].start == 0 and ops[layers[-1].stop].primitive == "conv_general_dilated"  # the head
+    down_ends = [ops[la.stop - 1].primitive for la in layers[:3]]  # the pooling's mean
+    up_starts = [ops[la.start].primitive for la in layers[4:]]  # the upsampling
+    assert down_ends == ["div"] * 3 and up_starts == ["broadcast_in_dim"] * 3
 
 
 def test_find_layers_finds_the_blocks_that_do_not_repeat():

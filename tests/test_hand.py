@@ -25,12 +25,12 @@ def _layers(ex):
     return g, find_layers(g)
 
 
-@pytest.mark.parametrize("name", ["transformer", "transformer_scan"])
+@pytest.mark.parametrize("name", ["transformer", "transformer_scan", "convnet"])
 @pytest.mark.parametrize("policy", ["nothing_saveable", "dots_saveable"])
 def test_layer_plan_is_the_hand_written_policy(name, policy):
     """A policy per found layer compiles to what `jax.checkpoint(layer, policy=...)` written in
-    the model compiles to (the scan body: as the example writes it, prevent_cse=False), and
-    gives the original gradients."""
+    the model compiles to (the scan body: as the example writes it, prevent_cse=False; the
+    U-Net: a checkpoint per stage, found from its skips), and gives the original gradients."""
     ex = examples.get_example(name)
     g, layers = _layers(ex)
     plan = _hand.layer_plan(g, layers, [policy] * len(layers), prevent_cse=False)

@@ -327,7 +327,7 @@ def test_per_span_is_a_policy_per_layer_in_the_models_terms():
         # a kind per layer: the same regions; the last layer saving the matmul outputs instead
         spans = [(la.start, la.stop) for la in layers]
         assert model.per_span(["ckpt:recompute"] * len(spans), spans) == segs
-        if spans:  # the transformer's 4 layers (the convnet has none: blocks alone)
+        if spans:  # the transformer's 4 layers, the U-Net's 7 stages
             mixed = model.per_span(["ckpt:recompute"] * (len(spans) - 1) + ["ckpt:save:dots"], spans)
             assert [(sg.start, sg.stop) for sg in mixed] == [(sg.start, sg.stop) for sg in segs]
             assert [sg.option.name for sg in mixed if sg.option.name != "none"] == (
