@@ -168,6 +168,7 @@ class PlanSearch:
     excess: list = field(default_factory=list)  # compiled / corrected prediction of its segment plans
     curves: dict = field(default_factory=dict)  # `mix_curve`
     lowest_over: bool = False  # `lowest_first` compiled the lowest-peak plan over the budget
+    short_chain: bool = False  # `_try_lowest` compiled a lowest-peak plan that could win over the budget
     rebuilds: dict = field(default_factory=dict)  # merge -> Future of a rebuilt chain (`start_rebuilds`)
 
     # The budget is the bar on every backend.  A 2.5% margin off the CPU, set when two compiles
@@ -614,16 +615,18 @@ class PlanSearch:
         if _best_compiled(self.sig, self.budget) is None:
             self.start_rebuilds()  # the rebuilt chains are needed unless a plan of this one fits
         for variant in ("next", "prev", "none"):
-            if variant != "next" and _best_compiled(self.sig, self.budget) is not None:
+            if variant != "next" and _best_compiled(self.sig, self.budget) is not None and not self.short_chain:
                 # A compiled plan fits (a hand-written one): rebuilding the chain two more ways
-                # costs region solves (at 1B, minutes with the compiles) for rarely better plans.
+                # costs region solves (at 1B, minutes with the compiles) for rarely better plans,
+                # unless this chain's blocks fall short (`_try_lowest`).
                 break
             if variant != "next":
                 self.model = self._rebuilt(variant)
                 try:
                     result = solve(self.model.problem, self.budget, method=self.solver, time_limit=self.time_limit)
                     how = f"solver, blocks merged {variant}"
-                    if self.in_reach(result.segments) and self.compile_peak(result.segments, how, result) <= self.budget:
+                    if (self.can_win(result.segments) and self.in_reach(result.segments)
+                            and self.compile_peak(result.segments, how, result) <= self.budget):
                         return self.accept(result.segments, result, how)
                 except InfeasibleBudgetError:
                     pass
@@ -644,12 +647,18 @@ class PlanSearch:
     def _try_lowest(self, low, variant: str) -> Planned | None:
         """The plan of lowest predicted peak (`low`), compiled where it could win and is within
         reach; out of reach or not if nothing was compiled yet (an infeasible answer names the
-        lowest compiled peak).  Accepted if it fits."""
+        lowest compiled peak).  Accepted if it fits.  Over the budget, this chain's blocks fall
+        short of every plan that could win (`short_chain`): the fallback rebuilds the chain the
+        other ways even where a hand-written plan fits.  The small U-Net of `examples.convnet` at
+        its per-stage dots_with_no_batch_dims_saveable's 9.1 MiB (+0.67 GFLOP): this chain's
+        lowest compiled to 10.3 MiB, and the chain with every cut kept gave 8.6 MiB and +0.40
+        (benchmarks/run.py, cpu.md)."""
         how = f"lowest predicted peak, blocks merged {variant}"
         if self.can_win(low) and (not self.tried or self.in_reach(low)):
             peak = self.compile_peak(low, how)
             if peak <= self.budget:
                 return self.accept(low, None, how)
+            self.short_chain = True
             if not (variant == "next" and self.lowest_over):  # `lowest_first` said so
                 self.say(f"  {how}: compiled {format_bytes(peak)}, over budget")
         return None
