@@ -329,7 +329,7 @@ class PlanSearch:
         (docs/FINDINGS.md, twenty-sixth session): scaled by the last plan's excess, the scans'
         plans between two policies were expected -3.9..+12.1% off their compiled peaks, five of
         eight by over 5% (benchmarks/results/realscale.md at 8596d46; since, six within 5%)."""
-        pts = self._known_points()
+        pts = sorted({**dict(self._twin_pairs()), **dict(_MODEL_POINTS.get(self.sig, []))}.items())
         if not pts:
             return int(predicted)
         below = [pc for pc in pts if pc[0] <= predicted]
@@ -339,11 +339,6 @@ class PlanSearch:
             return int(c0 + (c1 - c0) * (predicted - p0) / (p1 - p0))
         p, c = below[-1] if below else above[0]
         return int(predicted * c / max(p, 1))
-
-    def _known_points(self) -> list[tuple[float, int]]:
-        """(predicted, compiled peak) of every plan of the model compiled for this function: the
-        hand-written plans' twins and the model's own plans (`expected`'s points)."""
-        return sorted({**dict(self._twin_pairs()), **dict(_MODEL_POINTS.get(self.sig, []))}.items())
 
     def _twin_pairs(self) -> list[tuple[float, int]]:
         """(predicted, compiled peak) of the hand-written plans' twins (`_twin_points`)."""
@@ -533,7 +528,7 @@ class PlanSearch:
         """Phase 3: (estimated time, segments, result, how) of the fastest solver plan that
         compiled within the budget, or None; with validate=False, the uncompiled `Planned`."""
         best, target = None, self.first_target()
-        steer = _Steer(self.budget, self._known_points)
+        steer = _Steer(self.budget)
         for rnd in range(self.max_rounds + MAX_RAISES):
             if rnd >= self.max_rounds + steer.raised:
                 break
@@ -818,8 +813,8 @@ class PlanSearch:
 class _Steer:
     """Where the solver's next target goes after a compile (phase 3)."""
 
-    def __init__(self, budget: int, points=lambda: []):
-        self.budget, self.points = budget, points  # points: `PlanSearch._known_points`
+    def __init__(self, budget: int):
+        self.budget = budget
         self.raised, self.fit_target, self.over_target = 0, 0, None
 
     def next(self, target: int, compiled: int, objective: float, have_fit: bool, history: list) -> int | None:
@@ -848,39 +843,19 @@ class _Steer:
         return self._step_down(target, compiled, history)
 
     def _step_down(self, target: int, compiled: int, history: list) -> int | None:
-        """The model under-predicted: ask the solver for less.  After the first over-budget
-        round, follow the line from the plan of the model compiled within the budget nearest
-        below it in predicted peak (`_anchored`), where there is one; after two, the line through
-        them (the model's error often grows as plans get lower, and stepping down by the
-        overshoot alone then takes many rounds); else step down by the overshoot."""
+        """The model under-predicted: ask the solver for less.  After two over-budget rounds,
+        follow the line through them (the model's error often grows as plans get lower, and
+        stepping down by the overshoot alone then takes many rounds); else step down by the
+        overshoot."""
         budget = self.budget
         over = [h for h in history if h["compiled"] > budget]
         step = target - (compiled - budget) - max(1, budget // 200)
-        if len(over) == 1:
-            return self._anchored(over[0], step)
         if len(over) >= 2 and over[-2]["predicted"] != over[-1]["predicted"]:
             (p1, c1), (p2, c2) = ((h["predicted"], h["compiled"]) for h in over[-2:])
             slope = (c2 - c1) / (p2 - p1)
             if slope > 0.05:
                 step = min(step, int(p2 - (c2 - budget) / slope) - max(1, budget // 200))
         return step if step > 0 else None
-
-
-    def _anchored(self, over: dict, step: int) -> int | None:
-        """The target on the line from the plan of the model compiled within the budget with the
-        highest predicted peak below `over`'s (a hand-written plan's twin, a plan compiled for an
-        earlier budget) to `over`, where the budget's compiled peak falls on it; `step` without
-        one.  The U-Net at per-stage nothing_saveable's 2.56 GiB (benchmarks/unseen.py): round 1,
-        predicted 2.01 GiB, compiled to 2.90; stepped down by the overshoot to 1.65, the solver's
-        plan compiled to 2.55 recomputing 98.8 GFLOP, where one predicted at 1.95 compiled to
-        2.52 at +4.3 (benchmarks/budget_log.py --model unet)."""
-        p_hi, c_hi, budget = over["predicted"], over["compiled"], self.budget
-        below = [(p, c) for p, c in self.points() if p < p_hi and c <= budget]
-        if not below:
-            return step if step > 0 else None
-        p_lo, c_lo = max(below)
-        line = p_lo + (budget - c_lo) / (c_hi - c_lo) * (p_hi - p_lo) - max(1, budget // 200)
-        return int(max(line, p_lo))
 
 
 def _rounds(history: list) -> list:

@@ -178,23 +178,6 @@ def test_over_prediction_raises_the_target(mlp, monkeypatch):
     assert _max_rel(jax.grad(loss)(ws, x), g) <= 1e-6
 
 
-def test_after_an_overshoot_the_next_target_is_on_the_line_from_a_compiled_plan_that_fits():
-    """After the first round compiled over the budget, the next target is where the line from
-    the model's plan compiled within the budget nearest below it in predicted peak (a twin of a
-    hand-written plan) to the overshoot reaches the budget, less the usual half percent; without
-    such a plan, the target steps down by the overshoot.  (The U-Net at per-stage
-    nothing_saveable's peak: stepped down by the overshoot, the round recomputed 98.8 GFLOP
-    where the line's plan recomputes 4.2.)"""
-    from autoremat._search import _Steer
-
-    over = [{"predicted": 600, "compiled": 1200}]
-    points = [(500, 900), (550, 1300), (700, 1400)]  # (predicted, compiled); 550 is over the budget
-    steer = _Steer(1000, lambda: points)
-    assert steer.next(600, 1200, 1.0, False, over) == int(500 + 100 / 300 * 100) - 5
-    assert _Steer(1000).next(600, 1200, 1.0, False, over) == 600 - 200 - 5  # no anchor: by the overshoot
-    assert _Steer(1000, lambda: [(700, 900)]).next(600, 1200, 1.0, False, over) == 600 - 200 - 5
-
-
 def test_report_is_readable(mlp):
     loss, ws, x, _ = mlp
     text = autoremat.optimize(loss, budget=0.8).report(ws, x)
