@@ -21,8 +21,10 @@ measurements (`runtime/_measure.py`) need to know where the layers are and which
   hold two or more matmuls or convs (a ResNet stage's first block, with its projection
   shortcut), each from where the user's module holding its first matmul starts to where the
   one holding its last ends (as a person checkpoints it), where the name stack has one; a lone
-  matmul (stem, head) is left outside.  A model where nothing repeats (a
-  U-Net whose blocks all differ in width) gets no layers: its plans are the chain solver's.
+  matmul (stem, head) is left outside.
+* **Stages joined by skips.**  Where nothing repeats (a U-Net, whose stages all differ in
+  width), the stages end where its long skips are made and taken (`_stages`); a model with
+  neither repeats nor skips gets no layers: its plans are the chain solver's.
 * **Which layers are the same.**  The layers' dataflow subgraphs are hashed with networkx's
   Weisfeiler-Lehman graph hash (node labels: primitive and types; inputs from outside the
   layer: their types and whether they are the function's inputs): equal hashes share one
@@ -257,19 +259,19 @@ class _Cuts:
         """Matmuls and convs in equations [a, b)."""
         return int(self.cum[b] - self.cum[a])
 
-    def inputs(self, c: int) -> int:
-        """Bytes of the values crossing cut `c` that are read again up to the first heavy
-        equation after it: what the stage starting at `c` takes in (a skip it reads only
+    def inputs(self, c: int, lives) -> int:
+        """Bytes of the values of `lives` crossing cut `c` that are read again up to the first
+        heavy equation after it: what the stage starting at `c` takes in (a skip it reads only
         further on, in an up stage, is not)."""
         stop = self.n if self.cum[c] == self.cum[-1] else int(np.searchsorted(self.cum, self.cum[c] + 1)) - 1
-        return sum(size for p, rs, size in self.lives
-                   if p < c <= rs[-1] and next(r for r in rs if r >= c) <= stop)
+        return sum(size for p, rs, size in lives if p < c <= rs[-1] and next(r for r in rs if r >= c) <= stop)
 
     def best(self, lo: int, hi: int) -> int | None:
         """The cut in [lo, hi] that `_stages` ends a stage at; None if at each of them more
         than one value besides the skips crosses."""
         open_ = [c for c in range(lo, hi + 1) if self.short[c] <= 1]
-        return min(open_, key=lambda c: (self.inputs(c), -c)) if open_ else None
+        near = [life for life in self.lives if life[0] < hi and life[1][-1] >= lo]  # crossing a cut in range
+        return min(open_, key=lambda c: (self.inputs(c, near), -c)) if open_ else None
 
     def keep(self, piece: tuple[int, int], k: int, first: bool) -> tuple[int, int]:
         """`piece` cut down to its `k` heavy equations nearest the other stages (the first piece
