@@ -208,9 +208,9 @@ def _stages(g: Graph, matmuls: np.ndarray) -> list[tuple[int, int]]:
     the next heavy one from the end on, whose crossing values the next stage reads least bytes of
     (`_Cuts.inputs`; latest of equals), among those that at most one value other than the skips
     crosses.  A down stage then closes after the pooling of its skip, and an up stage opens at
-    the narrow input it upsamples, as a person writes them (the small U-Net of
-    `examples.convnet`: cut where a skip is made instead, nothing_saveable per stage compiled
-    8 KiB over the person's stages, 388236 bytes against 380044).  The pieces between the ends
+    the narrow input it upsamples, as a person writes them (`examples.convnet`: each JAX policy
+    on the stages found compiles to the per-stage program written by hand, to the byte;
+    benchmarks/results/unet_stages.md).  The pieces between the ends
     with at least two heavy equations are the layers; the first and last keep as many heavy
     equations as their neighbour stage (the stages mirror each other), leaving a stem or head
     conv outside.  None without skips."""
