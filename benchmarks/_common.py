@@ -37,6 +37,22 @@ def provenance(command: str, minutes: float) -> str:
             f"{datetime.date.today()}.")
 
 
+def write_table(path: str, title: str, command: str, t0: float, rows, intro: str | None = None, say=print) -> None:
+    """A results file: `title`, `provenance` (`command`, the minutes since `t0` of
+    `time.perf_counter()`), `intro` where given, then the lines of `rows`, a blank line between
+    each part and a newline at the end."""
+    _write(path, title, command, t0, intro, [*rows, ""], say)
+
+
+def _write(path: str, title: str, command: str, t0: float, intro: str | None, lines, say) -> None:
+    import time
+
+    head = [title, "", provenance(command, (time.perf_counter() - t0) / 60), ""] + ([] if intro is None else [intro, ""])
+    with open(path, "w") as f:
+        f.write("\n".join(head + list(lines)))
+    say(f"wrote {path}")
+
+
 def models_run(description: str, models, out_name: str, argv=None):
     """(arguments, say, start time) of a results script run over realscale.py models: `--models`
     (default `models`) and `--out` (default results/`out_name`); `say` prints with the seconds
@@ -59,13 +75,8 @@ def models_run(description: str, models, out_name: str, argv=None):
 def write_results(a, say, t0: float, script: str, models, title: str, about: str, body: list) -> None:
     """Writes `a.out` (`models_run`'s arguments): `title`, where `python benchmarks/<script>` ran
     (with its `--models` unless they are `models`), `about`, then the `body` lines."""
-    import time
-
     cmd = f"python benchmarks/{script}" + ("" if a.models == list(models) else " --models " + " ".join(a.models))
-    head = [f"# {title}", "", provenance(cmd, (time.perf_counter() - t0) / 60), "", about, ""]
-    with open(a.out, "w") as f:
-        f.write("\n".join(head + body))
-    say(f"wrote {a.out}")
+    _write(a.out, f"# {title}", cmd, t0, about, body, say)
 
 
 def checkout_args(description: str, argv=None, extra=None):

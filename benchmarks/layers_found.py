@@ -19,7 +19,7 @@ import autoremat  # noqa: E402
 
 autoremat.configure_cpu_flags()
 
-from _common import provenance  # noqa: E402
+from _common import write_table  # noqa: E402
 import realscale  # noqa: E402
 from autoremat.examples import get_example  # noqa: E402
 from autoremat.graph._graph import graph_from_traced  # noqa: E402
@@ -55,11 +55,7 @@ def main() -> int:
                     f"{len({layer.key for layer in layers})} | {ends or '-'} | {_digest(layers)} |")
         print(rows[-1], flush=True)
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "layers_found.md")
-    with open(out, "w") as f:
-        f.write("# Layers found per benchmark model\n\n"
-                + provenance("python benchmarks/layers_found.py", (time.perf_counter() - t0) / 60) + "\n\n"
-                + "\n".join(rows) + "\n")
-    print(f"wrote {out}")
+    write_table(out, "# Layers found per benchmark model", "python benchmarks/layers_found.py", t0, rows)
     return 0
 
 

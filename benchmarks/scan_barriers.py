@@ -24,7 +24,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import provenance  # noqa: E402
+from _common import write_table  # noqa: E402
 
 from autoremat.runtime._validate import compiled_stats  # noqa: E402
 
@@ -62,13 +62,9 @@ def main() -> int:
         rows.append(f"| {unroll} | " + " | ".join(f"{p:.2f}" for p in peaks) + " |")
         print(rows[-1], flush=True)
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "scan_barriers.md")
-    head = ["# Scan bodies and optimization barriers", "",
-            provenance("python benchmarks/scan_barriers.py", (time.perf_counter() - t0) / 60), "",
-            f"A {L}-layer scan of GeGLU MLPs (d {D}, d_ff {F}, batch {B} x {S}, bf16); compiled peak = argument + "
-            "output + temp - alias of the `value_and_grad` step.", ""]
-    with open(out, "w") as fh:
-        fh.write("\n".join(head + rows) + "\n")
-    print(f"wrote {out}")
+    write_table(out, "# Scan bodies and optimization barriers", "python benchmarks/scan_barriers.py", t0, rows,
+                  f"A {L}-layer scan of GeGLU MLPs (d {D}, d_ff {F}, batch {B} x {S}, bf16); compiled peak = "
+                  "argument + output + temp - alias of the `value_and_grad` step.")
     return 0
 
 

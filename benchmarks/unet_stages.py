@@ -22,7 +22,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import realscale  # noqa: E402  (sets XLA:CPU's flags before JAX starts)
-from _common import provenance  # noqa: E402
+from _common import write_table  # noqa: E402
 from _unseen import unet  # noqa: E402
 
 import jax  # noqa: E402
@@ -71,13 +71,10 @@ def main() -> int:
             rows.append(f"| {label} | {n} / {len(layers)} | {pol} | {_cell(hand, base)} | {_cell(ours, base)} | "
                         f"{ours.peak_bytes - hand.peak_bytes:+d} |")
             print(rows[-1], flush=True)
-    with open(OUT, "w") as f:
-        f.write("# A U-Net's stages: autoremat's per-stage candidates against the hand-written ones\n\n"
-                + provenance("python benchmarks/unet_stages.py", (time.perf_counter() - t0) / 60) + "\n\n"
-                + "Peak = argument + output + temp - alias of the compiled `value_and_grad` step (bytes); "
-                  "+matmul GFLOP = its matmul and convolution FLOPs over the step as written, no remat.\n\n"
-                + "\n".join(rows) + "\n")
-    print(f"wrote {OUT}")
+    write_table(OUT, "# A U-Net's stages: autoremat's per-stage candidates against the hand-written ones",
+                  "python benchmarks/unet_stages.py", t0, rows,
+                  "Peak = argument + output + temp - alias of the compiled `value_and_grad` step (bytes); "
+                  "+matmul GFLOP = its matmul and convolution FLOPs over the step as written, no remat.")
     return 0
 
 

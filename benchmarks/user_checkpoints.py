@@ -23,7 +23,7 @@ from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import realscale  # noqa: E402  (sets XLA:CPU's flags before JAX starts)
-from _common import provenance  # noqa: E402
+from _common import write_table  # noqa: E402
 from _unseen import inner_checkpoint  # noqa: E402
 
 from autoremat._hand import layer_plan  # noqa: E402
@@ -60,13 +60,10 @@ def main() -> int:
         same = (ours.peak_bytes, ours.matmul_flops) == (hand.peak_bytes, hand.matmul_flops)
         rows.append(f"| {label} | {_cell(hand)} | {_cell(ours)} | {_cell(inlined)} | {'yes' if same else '**no**'} |")
         print(rows[-1], flush=True)
-    head = ["# The author's own checkpoint inside each layer: hand-written against autoremat's candidates", "",
-            provenance("python benchmarks/user_checkpoints.py", (time.perf_counter() - t0) / 60), "",
-            f"{desc}; {len(layers)} layers found. Compiled peak (argument + output + temp - alias of the "
-            "`value_and_grad` step, bytes) and matmul TFLOP.", ""]
-    with open(OUT, "w") as f:
-        f.write("\n".join(head + rows) + "\n")
-    print(f"wrote {OUT}")
+    write_table(OUT, "# The author's own checkpoint inside each layer: hand-written against autoremat's candidates",
+                  "python benchmarks/user_checkpoints.py", t0, rows,
+                  f"{desc}; {len(layers)} layers found. Compiled peak (argument + output + temp - alias of the "
+                  "`value_and_grad` step, bytes) and matmul TFLOP.")
     return 0
 
 
