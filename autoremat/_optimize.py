@@ -31,6 +31,7 @@ from autoremat._shardings import abstract_arguments
 from autoremat.graph._graph import graph_from_traced
 from autoremat.graph._layers import find_layers, layer_spans
 from autoremat.graph._profiles import detect_profile, get_profile
+from autoremat.graph._shard_map import shard_map_body
 from autoremat.graph._trace import check_reverse_mode, signature_key, split_static, trace
 from autoremat.runtime._apply import apply, run_plan
 from autoremat.runtime._plan import Plan
@@ -69,6 +70,7 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
     traced = trace(fn, abstract_args, abstract_kwargs, argnums=argnums, static_argnums=static_argnums,
                    has_aux=has_aux, skip_integer_leaves=False)
     check_reverse_mode(traced, getattr(fn, "__name__", "fn"))
+    traced = _inside_shard_map(traced, say)
     stats_kw = dict(argnums=traced.argnums, static_argnums=static_argnums, has_aux=has_aux)
     call = (abstract_args, abstract_kwargs, stats_kw)
     # A fraction is of the compiled un-optimized peak, also with validate=False.
@@ -86,6 +88,8 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
     model, block_cache = _chain(fn, g, raw, profile, offload, call, baseline_peak, say)
     meta = {"function": getattr(fn, "__name__", "fn"), "jax": jax.__version__, "backend": jax.default_backend(),
             "baseline_peak": baseline_peak, "blocks": len(model.blocks), "layers": layer_spans(layers)}
+    if traced.outer is not None:
+        meta["inside_shard_map"] = traced.inside
     search = PlanSearch(fn, g, model, abstract_args, abstract_kwargs, stats_kw, budget_bytes, meta, say,
                         layers=layers, baseline_peak=baseline_peak, none_flops=none_flops or (0.0, 0.0),
                         offload=offload, profile_name=profile.name, solver=solver, time_limit=time_limit,
@@ -96,6 +100,17 @@ def plan_for(fn, budget, args: Sequence, kwargs: dict | None = None, *, device=N
     # The graph may be another trace's of the same signature: run the plan with this one's constants.
     planned = search.run()
     return replace(planned, traced=traced, plan=_with_user_checkpoints(planned.plan, traced))
+
+
+def _inside_shard_map(traced, say):
+    """The body of the shard_map holding all of the function's matmuls, where there is one:
+    what the planner plans (`graph.shard_map_body`); else `traced`."""
+    body = shard_map_body(traced)
+    if body is None:
+        return traced
+    say(f"planning inside the shard_map that holds every matmul ({len(body.jaxpr.eqns)} equations, "
+        f"per-device shapes)")
+    return body
 
 
 def _with_user_checkpoints(plan: Plan, traced) -> Plan:

@@ -799,8 +799,9 @@ class PlanSearch:
         """Name what the planner cannot see into, where the step has it."""
         if not any(op.primitive == "shard_map" for op in self.g.ops.values()):
             return ""
-        return ("; autoremat does not plan inside shard_map bodies yet (each is one opaque step to it): put "
-                "jax.checkpoint inside the body, or shard with NamedSharding inputs under jax.jit instead")
+        return ("; autoremat plans inside a shard_map only where one holds every matmul of the step, and here "
+                "the others are one opaque step each to it: put jax.checkpoint inside their bodies, or shard with "
+                "NamedSharding inputs under jax.jit instead")
 
     def _offload_hint(self) -> str:
         """Suggest offload only where it can help: off, not on the CPU (host memory is device

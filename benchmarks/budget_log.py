@@ -30,7 +30,7 @@ def _options(ap) -> None:
     ap.add_argument("--only", default="", help="plan only at the hand-written plans whose label contains this")
     ap.add_argument("--budget", type=float, default=None,
                     help="GiB: plan at this budget alone, not at the hand-written plans' peaks")
-    ap.add_argument("--layout", default=None, choices=("fsdp", "fsdp_tp"),
+    ap.add_argument("--layout", default=None, choices=("fsdp", "fsdp_tp", "dp"),
                     help="sharded.py's layout on its 8-device host mesh (models llama1b, llama8b_scan; "
                          "unseen.py's with fsdp)")
     ap.add_argument("--batch-scale", type=int, default=1, help="every model's batch times this")
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
         if not a.layout:
             return fn, args, {}
         args, shardings = sharded.sharded(a.layout, *args, generic=a.model in sharded.GENERIC)
-        return fn, args, {"in_shardings": shardings}
+        return sharded.per_device(a.layout, fn), args, {"in_shardings": shardings}
 
     budgets = [] if a.budget is None else [(int(a.budget * 2**30), f"--budget {a.budget}")]
     for label, pols, cse in realscale.hand_variants(a.model)[1:] if a.budget is None else ():

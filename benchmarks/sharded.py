@@ -15,7 +15,11 @@ per-device `memory_analysis` of the compiled `value_and_grad` step is the judge)
 Layouts (`jax.sharding.Mesh` with Auto axes, as `jax.jit(in_shardings=...)` training code
 uses): `fsdp`: (8,) over "data": the batch and every weight matrix split over it (ZeRO-3);
 `fsdp_tp`: (4, 2) over ("data", "model"): the batch and the weights over "data", and Megatron
-tensor parallelism over "model" (q/k/v/gate/up split by output column, o/down by input row).
+tensor parallelism over "model" (q/k/v/gate/up split by output column, o/down by input row);
+`dp`: (8,) over "data", data parallel as code written per device has it: the whole step inside
+one `jax.shard_map` (the weights replicated, the batch split, the loss averaged by `pmean`), the
+hand-written policies around each layer inside it, and autoremat planning inside it
+(`graph.shard_map_body`).  Its FLOPs are one device's (the shard_map's body is per device).
 
 Rows per model and layout: no remat; each JAX policy written by hand around every layer (scan:
 around the body, `prevent_cse` True and False); unrolled, the half-and-half mixes of each two
@@ -30,6 +34,8 @@ remat (global, all devices together), of the matmuls (what the verdict compares)
         --batch-scale 8 --out benchmarks/results/sharded_unseen.md       # models it never saw, sharded: each
                                                                          # device holds one device's batch of unseen.md
     .venv/bin/python benchmarks/sharded.py --models llama1b --layouts fsdp
+    .venv/bin/python benchmarks/sharded.py --models llama1b llama_scan --layouts dp \
+        --out benchmarks/results/sharded_dp.md                           # the step written per device
 """
 
 from __future__ import annotations
@@ -62,7 +68,8 @@ realscale.FAMILIES.update({
     "llama1b": (realscale.llama_layer, 18, 2048, 16, 5632, 32000, 2048, 8, LLAMA_SHAPES),
     "llama8b": (realscale.llama_layer, 32, 4096, 32, 14336, 128256, 4096, 8, LLAMA_SHAPES),
 })
-LAYOUTS = {"fsdp": ((8, 1), "8 devices, FSDP"), "fsdp_tp": ((4, 2), "4 x 2 devices, FSDP x TP")}
+LAYOUTS = {"fsdp": ((8, 1), "8 devices, FSDP"), "fsdp_tp": ((4, 2), "4 x 2 devices, FSDP x TP"),
+           "dp": ((8, 1), "8 devices, data parallel written per device (shard_map)")}
 COLUMN = {"wq", "wk", "wv", "wg", "wu", "head"}  # split by output column over "model"
 ROW = {"wo", "wd"}  # split by input row over "model"
 GENERIC = set(_unseen.BUILDERS)  # `_unseen.py`'s models: weights split by `_largest_split`, FSDP only
@@ -90,14 +97,38 @@ def _largest_split(shape: tuple, n: int) -> P:
     return P(*("data" if j == i else None for j in range(len(shape))))
 
 
+def _mesh(layout: str):
+    return jax.make_mesh(LAYOUTS[layout][0], ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+
+
+def per_device(layout: str, fn):
+    """`fn` as data-parallel code writes it per device, for the "dp" layout: the step inside one
+    `jax.shard_map` over "data" (the weights replicated, each input split by batch), its loss
+    averaged over the devices by `pmean`; `fn` itself for the other layouts."""
+    if layout != "dp":
+        return fn
+    mesh = _mesh(layout)
+
+    def body(params, *inputs):
+        return jax.lax.pmean(fn(params, *inputs), "data")
+
+    def loss(params, *inputs):
+        specs = (P(), *(P("data"),) * len(inputs))
+        return jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P())(params, *inputs)
+
+    return loss
+
+
 def sharded(layout: str, params, *inputs, generic: bool = False):
     """(abstract args with shardings, the shardings as `in_shardings`): the inputs split by batch
     over "data"; the weights by name (Llama's, `_spec`) or, `generic`, each along its largest
     evenly split axis (`_largest_split`, "fsdp" alone: a model whose names this file does not know)."""
     shape, _ = LAYOUTS[layout]
-    mesh = jax.make_mesh(shape, ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    mesh = _mesh(layout)
 
     def one(path, x):
+        if layout == "dp":  # replicated: each device's shard_map body holds every weight
+            return NamedSharding(mesh, P())
         if generic:
             return NamedSharding(mesh, _largest_split(x.shape, shape[0]))
         # params["layers"]["wq"]: stacked for a scan; params["layers"][i]["wq"]: one layer's
@@ -114,6 +145,7 @@ def hand_rows(name: str, layout: str, say):
     rows = []
     for label, pols, cse in realscale.hand_variants(name):
         fn, args, _, _ = realscale.make_model(name, pols, cse)
+        fn = per_device(layout, fn)
         args, _ = sharded(layout, *args, generic=name in GENERIC)
         t0 = time.perf_counter()
         st = compiled_stats(fn, *args)
@@ -125,6 +157,7 @@ def hand_rows(name: str, layout: str, say):
 def autoremat_row(name: str, layout: str, budget: int, none, say) -> dict:
     """`optimize` inside `jit`: trace the jitted step (planning happens there), then compile it."""
     fn, args, _, _ = realscale.make_model(name)
+    fn = per_device(layout, fn)
     args, shardings = sharded(layout, *args, generic=name in GENERIC)
     opt = autoremat.optimize(fn, budget=budget, in_shardings=shardings)
     t0 = time.perf_counter()
@@ -194,8 +227,8 @@ def main(argv=None) -> int:
     body = []
     for name in a.models:
         for layout in a.layouts:
-            if name in GENERIC and layout != "fsdp":
-                say(f"{name}: {layout} needs its weights' names; FSDP only")
+            if name in GENERIC and layout == "fsdp_tp":
+                say(f"{name}: {layout} needs its weights' names; FSDP and data parallel only")
                 continue
             body += run(name, layout, say)
     head = [

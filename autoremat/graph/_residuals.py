@@ -88,7 +88,15 @@ def eqn_residuals(eqn, diff_mask: Sequence[bool]) -> EqnResiduals:
     key = _cache_key(eqn, diff_mask)
     if key is not None and key in _CACHE:
         return _CACHE[key]
-    result = _linearize_eqn(eqn, diff_mask)
+    try:
+        result = _linearize_eqn(eqn, diff_mask)
+    except NameError as e:
+        # A collective of a shard_map's body (`graph.shard_map_body`) binds only inside the
+        # shard_map.  JAX's differentiable collectives (psum, all_gather, ppermute, all_to_all,
+        # psum_scatter, pvary) are linear: their backward pass reads none of their values.
+        if "unbound axis name" not in str(e):
+            raise
+        result = EqnResiduals((False,) * n_in, (False,) * n_out, 0)
     if key is not None:
         _CACHE[key] = result
     return result

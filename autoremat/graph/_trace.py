@@ -73,13 +73,19 @@ class Traced:
     # Those of them a plan can keep, outermost first (`UserCheckpoint`; one whose body left no
     # equation, or equations not in one run, is not among them).
     user_regions: tuple = ()
+    # Where this is the body of a shard_map the planner plans inside (`graph.shard_map_body`):
+    # the trace of the whole function, and the index of that shard_map among its equations.
+    outer: Any = None
+    inside: int = -1
 
     @property
     def signature(self) -> tuple:
         """What a plan, a compile or a measurement of this trace depends on: the jaxpr's
         structure, the inputs' types and their shardings (the same step on another mesh
-        layout compiles to other per-device peaks)."""
-        return self.fingerprint, str(self.in_avals), tuple(str(s) for s in self.in_shardings)
+        layout compiles to other per-device peaks); a shard_map's body's, with the whole
+        function's."""
+        own = self.fingerprint, str(self.in_avals), tuple(str(s) for s in self.in_shardings)
+        return own if self.outer is None else (*own, self.outer.signature)
 
     def user_lines(self) -> list[int | None]:
         """Per top-level equation, the line of the traced function that issued it (None when
@@ -363,7 +369,12 @@ def _inline(closed, in_avals):
     with, which is then removed)."""
     marks: list = []
     f = functools.partial(eval_jaxpr, closed.jaxpr, closed.consts, marks=marks)
-    flat = jax.make_jaxpr(lambda *a: f(a))(*in_avals)
+    return unmarked(jax.make_jaxpr(lambda *a: f(a))(*in_avals), marks)
+
+
+def unmarked(flat, marks: list):
+    """`flat` (a jaxpr re-traced by `eval_jaxpr(marks=marks)`) without the scopes that mark the
+    user's inlined checkpoints, and those checkpoints as `UserCheckpoint`s."""
     at: dict[int, list[int]] = {}
     eqns = []
     for i, eqn in enumerate(flat.jaxpr.eqns):

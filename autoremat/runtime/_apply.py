@@ -23,6 +23,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from autoremat._errors import PlanMismatchError
 from autoremat.graph._interpret import eval_eqn, scan_counts
+from autoremat.graph._shard_map import rebuilt, shard_map_body, varying_axes
 from autoremat.graph._trace import Traced, signature_key, split_static, trace
 from autoremat.runtime._checkpoint import checkpoint
 from autoremat.runtime._plan import Plan, Region, ScanPlan, checkpoint_names
@@ -171,7 +172,8 @@ class _Evaluator:
             run(local)
             return [local[v] for v in outs]
 
-        for v, val in zip(outs, wrap(body)(*[env[v] for v in ins])):
+        vals = [_varying_for(self.jaxpr.eqns[start:stop], v, env[v]) for v in ins]
+        for v, val in zip(outs, wrap(body)(*vals)):
             env[v] = val
 
     def _eqn(self, env, k, tags):
@@ -180,6 +182,8 @@ class _Evaluator:
         oid = f"e{k}"
         if oid in self.scans and eqn.primitive.name == "scan":
             outvals = _run_scan(eqn, invals, self.scans[oid], self.plan, oid)
+        elif _retyped(eqn, invals):
+            outvals = invals
         else:
             outvals = eval_eqn(eqn, invals)
         for j, (v, val) in enumerate(zip(eqn.outvars, outvals)):
@@ -197,6 +201,30 @@ class _Evaluator:
         offloaded = sorted(set(checkpoint_names(self.plan.values, r.offloaded).values()))
         self._as_call(env, r.start, r.stop, lambda local: self._run_range(local, r.start, r.stop, r.children, tags),
                       lambda body: checkpoint(body, policy=region_policy(saved, offloaded, r.policy), prevent_cse=True))
+
+
+def _varying_for(eqns, v, x):
+    """A checkpoint's input inside a shard_map (`graph.shard_map_body`) that its equations only
+    `pvary`: cast to varying before the checkpoint instead (`_retyped` then skips those).  Under
+    jax_remat3 (jax 0.10) a checkpoint whose region casts an invariant input replays that cast
+    on an input it has typed varying already, and JAX rejects it ("pvary is a invariant->variant
+    collective"); with the cast outside, both remat settings give the same gradients (the
+    cast's transpose, a psum, is the one the region's cast had)."""
+    uses = [e for e in eqns if any(u is v for u in e.invars)]
+    axes = {tuple(e.params.get("axes", ())) for e in uses if e.primitive.name == "pvary"}
+    if not uses or len(axes) != 1 or any(e.primitive.name != "pvary" for e in uses) or _varies(x, *axes):
+        return x
+    return jax.lax.pcast(x, *axes, to="varying")
+
+
+def _retyped(eqn, invals) -> bool:
+    """A `pvary` of values that vary over its axes already (`_varying_for`): the identity."""
+    axes = eqn.params.get("axes", ()) if eqn.primitive.name == "pvary" else ()
+    return bool(axes) and all(_varies(x, axes) for x in invals)
+
+
+def _varies(x, axes) -> bool:
+    return set(axes) <= varying_axes(x)
 
 
 def _run_scan(eqn, invals, sp: ScanPlan, plan: Plan, oid: str):
@@ -257,8 +285,33 @@ def segment_function(traced: Traced, plan: Plan, start: int, stop: int):
 
 
 def run_plan(traced: Traced, plan: Plan, flat_args):
-    """Evaluates the traced function's flat jaxpr under `plan` (flat outputs)."""
-    return _Evaluator(traced, plan)(flat_args)
+    """Evaluates the traced function's flat jaxpr under `plan` (flat outputs); where `traced`
+    is a shard_map's body (`graph.shard_map_body`), the whole function, that shard_map's body
+    evaluated under `plan`."""
+    if traced.outer is None:
+        return _Evaluator(traced, plan)(flat_args)
+    outer, run_body = traced.outer, _Evaluator(traced, plan)
+    env = dict(zip(outer.jaxpr.constvars, outer.closed_jaxpr.consts))
+    env.update(zip(outer.jaxpr.invars, flat_args))
+    read = lambda v: v.val if isinstance(v, jex.core.Literal) else env[v]  # noqa: E731
+    for k, eqn in enumerate(outer.jaxpr.eqns):
+        invals = [read(v) for v in eqn.invars]
+        if k == traced.inside:
+            outvals = rebuilt(eqn, lambda *xs: tuple(run_body(xs)))(*invals)
+        else:
+            outvals = eval_eqn(eqn, invals)
+        env.update((v, x) for v, x in zip(eqn.outvars, outvals) if not isinstance(v, jex.core.DropVar))
+    return [read(v) for v in outer.jaxpr.outvars]
+
+
+def _planned_view(plan: Plan, traced: Traced) -> Traced:
+    """The trace `plan` was made for: `traced`, or the body of its shard_map where the plan was
+    made inside it (`graph.shard_map_body`)."""
+    if plan.fingerprint != traced.fingerprint:
+        body = shard_map_body(traced)
+        if body is not None and body.fingerprint == plan.fingerprint:
+            return body
+    return traced
 
 
 def apply(fn, plan: Plan):
@@ -296,8 +349,8 @@ def apply(fn, plan: Plan):
         key = signature_key(args, kwargs, plan.static_argnums)
         traced = cache.get(key)
         if traced is None:
-            traced = trace(fn, args, kwargs, argnums=plan.argnums, static_argnums=plan.static_argnums,
-                           has_aux=plan.has_aux)
+            traced = _planned_view(plan, trace(fn, args, kwargs, argnums=plan.argnums,
+                                               static_argnums=plan.static_argnums, has_aux=plan.has_aux))
             check_plan_matches(plan, traced, name)
             cache[key] = traced
         if plan.as_written:

@@ -15,7 +15,7 @@ from collections import defaultdict
 
 from typing import TYPE_CHECKING
 
-from autoremat.runtime._report import user_checkpoint_lines
+from autoremat.runtime._report import shard_map_lines, user_checkpoint_lines
 
 if TYPE_CHECKING:  # _plan imports this module (Plan.to_python), not the other way round
     from autoremat.runtime._plan import Plan
@@ -69,7 +69,7 @@ def plan_to_python(plan: Plan, framework: str = "jax") -> str:
            f"# plan {plan.fingerprint} for {plan.meta.get('function', 'fn')}{_budget_words(plan)}",
            "import jax",
            "from jax.ad_checkpoint import checkpoint_name", ""]
-    out += [f"# {line}" for line in user_checkpoint_lines(plan)]
+    out += [f"# {line}" for line in shard_map_lines(plan) + user_checkpoint_lines(plan)]
     if all_user:
         out.append("# Every value this plan keeps already carries your checkpoint_name: no tags to add.")
     else:
@@ -149,7 +149,7 @@ def _policies_to_python(plan: Plan, layers, framework: str) -> str:
            "# A JAX policy per layer: plain JAX, no autoremat needed to run it.", "import jax"]
     if imp != "import jax":
         out.append(imp)
-    out += [f"# {line}" for line in user_checkpoint_lines(plan)]
+    out += [f"# {line}" for line in shard_map_lines(plan) + user_checkpoint_lines(plan)]
     out += ["", "cp = jax.checkpoint_policies", "",
             "# One entry per layer, in the order your model calls them (None: leave the layer alone).",
             "LAYER_POLICIES = ["]

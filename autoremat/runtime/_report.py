@@ -8,7 +8,7 @@ from tabulate import tabulate
 from autoremat._units import format_bytes
 from autoremat.runtime._by_layer import layer_rows
 
-__all__ = ["plan_summary", "user_checkpoint_lines"]
+__all__ = ["plan_summary", "shard_map_lines", "user_checkpoint_lines"]
 
 
 def plan_summary(plan, max_rows: int = 40, *, verbose: bool = False) -> str:
@@ -37,11 +37,20 @@ def _header(plan) -> list[str]:
             f" (the search expected {format_bytes(expected)} before compiling it)" if expected else ""))
     if plan.meta.get("baseline_peak"):
         lines.append(f"un-optimized compiled peak {format_bytes(plan.meta['baseline_peak'])}")
-    lines += user_checkpoint_lines(plan)
+    lines += shard_map_lines(plan) + user_checkpoint_lines(plan)
     if plan.estimated_extra_time is not None:
         lines.append(f"estimated extra time {plan.estimated_extra_time * 1e3:.3f} ms per step "
                      f"(profile {plan.meta.get('profile', '?')})")
     return lines
+
+
+def shard_map_lines(plan) -> list[str]:
+    """Where the plan was made inside the function's shard_map (`graph.shard_map_body`)."""
+    k = plan.meta.get("inside_shard_map")
+    if k is None:
+        return []
+    return [f"planned inside the shard_map of {plan.meta.get('function', 'fn')} (its equation {k}), which holds every "
+            f"matmul: the layers, equations and bytes are its body's, per device"]
 
 
 def user_checkpoint_lines(plan) -> list[str]:
