@@ -103,3 +103,33 @@ def test_a_plan_made_inside_a_shard_map_is_saved_loaded_and_run_under_jit(tmp_pa
         loaded = jax.grad(again)(*args)
     np.testing.assert_array_less(_max_diff(grads, want), 1e-6)
     np.testing.assert_array_less(_max_diff(loaded, want), 1e-6)
+
+
+@pytest.mark.parametrize("remat3", [False, True])
+def test_a_scan_over_layers_inside_a_shard_map_is_planned(remat3):
+    """The layers stacked and run by `lax.scan` inside the shard_map: the scan's residuals are
+    linearized with the mesh's axes bound (`graph._residuals.linearized_in`), so the model sees
+    its stacks, and at 70% of the un-optimized peak the plan fits with the function's gradients
+    (tolerance as above)."""
+    mesh = jax.make_mesh((4,), ("data",))
+
+    def body(ws, x):
+        def step(x, w):
+            return x + jnp.tanh(x @ w[0]) @ w[1], None
+        return jax.lax.pmean(jnp.mean(jax.lax.scan(step, x, ws)[0] ** 2), "data")
+
+    def loss(ws, x):
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P("data")), out_specs=P())(ws, x)
+
+    k = jax.random.split(jax.random.key(1), 3)
+    ws = jax.device_put((jax.random.normal(k[0], (6, 64, 256)) / 8, jax.random.normal(k[1], (6, 256, 64)) / 16),
+                        NamedSharding(mesh, P()))
+    x = jax.device_put(jax.random.normal(k[2], (2048, 64)), NamedSharding(mesh, P("data")))
+    with remat3_flag(remat3), jax.set_mesh(mesh):
+        budget = int(0.7 * compiled_stats(loss, ws, x).peak_bytes)
+        opt = autoremat.optimize(loss, budget=budget)
+        plan = opt.plan(ws, x)
+        assert compiled_stats(opt, ws, x).peak_bytes <= budget
+        grads, want = jax.grad(opt)(ws, x), jax.grad(loss)(ws, x)
+    assert plan.scans and plan.meta["inside_shard_map"] == 0
+    assert _max_diff(grads, want) < 1e-6

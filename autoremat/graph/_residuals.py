@@ -15,17 +15,21 @@ No list of primitives is written by hand: both views ask JAX.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import jax
 import jax.extend as jex
 from jax.extend import source_info_util
+from jax.sharding import PartitionSpec as P
 
 from autoremat.graph._costs import aval_bytes
 from autoremat.graph._interpret import eval_eqn, user_name
+from autoremat.graph._shard_map import aval_varying
 
-__all__ = ["EqnResiduals", "eqn_residuals", "FunctionResidual", "function_residuals"]
+__all__ = ["EqnResiduals", "eqn_residuals", "FunctionResidual", "function_residuals", "linearized_in"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,7 @@ class EqnResiduals:
 
 
 _CACHE: dict = {}
+_MESH: ContextVar = ContextVar("autoremat_linearized_in", default=None)  # `linearized_in`
 
 
 def _literal_key(v):
@@ -62,6 +67,8 @@ def _cache_key(eqn, diff_mask):
         key = (eqn.primitive, params,
                tuple(_literal_key(v) if isinstance(v, jex.core.Literal) else ("var", v.aval) for v in eqn.invars),
                _var_pattern(eqn), tuple(diff_mask))
+        mesh = _MESH.get()
+        key = (*key, None if mesh is None else tuple(mesh.shape.items()))
         hash(key)
         return key
     except TypeError:
@@ -73,6 +80,37 @@ def _var_pattern(eqn):
     seen = {}
     return tuple(seen.setdefault(id(v), len(seen)) if not isinstance(v, jex.core.Literal) else -1
                  for v in eqn.invars)
+
+
+@contextlib.contextmanager
+def linearized_in(mesh):
+    """Equations linearized meanwhile are a shard_map's body over `mesh` (None: not one): their
+    collectives bind only there (`graph.shard_map_body`)."""
+    token = _MESH.set(mesh)
+    try:
+        yield
+    finally:
+        _MESH.reset(token)
+
+
+def _linearized(lin, avals):
+    """The jaxpr of `lin` on `avals`; inside `linearized_in(mesh)`, traced inside a shard_map
+    over `mesh` (its collectives bind there), each argument typed as varying over the mesh axes
+    its value in the shard_map's body varies over (their checks read it)."""
+    mesh = _MESH.get()
+    plain = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
+    if mesh is None:
+        return jax.make_jaxpr(lin)(*plain).jaxpr
+    got = []
+
+    def body(*xs):
+        typed = [jax.lax.pcast(x, tuple(axes), to="varying") if (axes := aval_varying(a)) else x
+                 for x, a in zip(xs, avals)]
+        got.append(jax.make_jaxpr(lin)(*typed).jaxpr)
+        return jax.numpy.zeros(())
+
+    jax.make_jaxpr(jax.shard_map(body, mesh=mesh, in_specs=P(), out_specs=P()))(*plain)
+    return got[0]
 
 
 def eqn_residuals(eqn, diff_mask: Sequence[bool]) -> EqnResiduals:
@@ -88,15 +126,7 @@ def eqn_residuals(eqn, diff_mask: Sequence[bool]) -> EqnResiduals:
     key = _cache_key(eqn, diff_mask)
     if key is not None and key in _CACHE:
         return _CACHE[key]
-    try:
-        result = _linearize_eqn(eqn, diff_mask)
-    except NameError as e:
-        # A collective of a shard_map's body (`graph.shard_map_body`) binds only inside the
-        # shard_map.  JAX's differentiable collectives (psum, all_gather, ppermute, all_to_all,
-        # psum_scatter, pvary) are linear: their backward pass reads none of their values.
-        if "unbound axis name" not in str(e):
-            raise
-        result = EqnResiduals((False,) * n_in, (False,) * n_out, 0)
+    result = _linearize_eqn(eqn, diff_mask)
     if key is not None:
         _CACHE[key] = result
     return result
@@ -125,9 +155,7 @@ def _linearize_eqn(eqn, diff_mask) -> EqnResiduals:
         out, f_lin = jax.linearize(h, *[xs[i] for i in diff_u])
         return out, f_lin
 
-    avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in uvars]
-    closed = jax.make_jaxpr(lin)(*avals)
-    jaxpr = closed.jaxpr
+    jaxpr = _linearized(lin, [v.aval for v in uvars])
     primal_outs = jaxpr.outvars[: len(eqn.outvars)]
     residuals = jaxpr.outvars[len(eqn.outvars):]
     inv_index = {id(v): i for i, v in enumerate(jaxpr.invars)}

@@ -25,7 +25,7 @@ from autoremat.graph._costs import eqn_matmul_flops, jaxpr_matmul_flops
 from autoremat.graph._interpret import eval_jaxpr
 from autoremat.graph._trace import Traced, structure_fingerprint, unmarked
 
-__all__ = ["shard_map_body", "rebuilt", "varying_axes"]
+__all__ = ["shard_map_body", "rebuilt", "varying_axes", "aval_varying"]
 
 def shard_map_body(t: Traced) -> Traced | None:
     """The body of the one top-level shard_map of `t` that holds all of its matmuls (and at
@@ -50,11 +50,15 @@ def rebuilt(eqn, body):
 
 
 def varying_axes(x) -> frozenset:
-    """The manual mesh axes a value inside a shard_map is typed as varying over (jax 0.10:
-    `typeof(x).mat.varying`; `typeof(x).vma` where that is the form); empty outside one."""
-    t = jax.typeof(x)
-    mat = getattr(t, "mat", None)
-    return frozenset(getattr(mat, "varying", None) or getattr(t, "vma", None) or ())
+    """The manual mesh axes a value inside a shard_map is typed as varying over; empty outside one."""
+    return aval_varying(jax.typeof(x))
+
+
+def aval_varying(aval) -> frozenset:
+    """`varying_axes` of an abstract value (jax 0.10: `aval.mat.varying`; `aval.vma` where that
+    is the form)."""
+    mat = getattr(aval, "mat", None)
+    return frozenset(getattr(mat, "varying", None) or getattr(aval, "vma", None) or ())
 
 
 def _the_shard_map(jaxpr) -> int | None:

@@ -172,7 +172,7 @@ class _Evaluator:
             run(local)
             return [local[v] for v in outs]
 
-        vals = [_varying_for(self.jaxpr.eqns[start:stop], v, env[v]) for v in ins]
+        vals = _cast_varying(self.jaxpr.eqns[start:stop], ins, [env[v] for v in ins])
         for v, val in zip(outs, wrap(body)(*vals)):
             env[v] = val
 
@@ -203,22 +203,31 @@ class _Evaluator:
                       lambda body: checkpoint(body, policy=region_policy(saved, offloaded, r.policy), prevent_cse=True))
 
 
-def _varying_for(eqns, v, x):
-    """A checkpoint's input inside a shard_map (`graph.shard_map_body`) that its equations only
-    `pvary`: cast to varying before the checkpoint instead (`_retyped` then skips those).  Under
-    jax_remat3 (jax 0.10) a checkpoint whose region casts an invariant input replays that cast
-    on an input it has typed varying already, and JAX rejects it ("pvary is a invariant->variant
-    collective"); with the cast outside, both remat settings give the same gradients (the
-    cast's transpose, a psum, is the one the region's cast had)."""
-    uses = [e for e in eqns if any(u is v for u in e.invars)]
-    axes = {tuple(e.params.get("axes", ())) for e in uses if e.primitive.name == "pvary"}
-    if not uses or len(axes) != 1 or any(e.primitive.name != "pvary" for e in uses) or _varies(x, *axes):
-        return x
-    return jax.lax.pcast(x, *axes, to="varying")
+def _cast_varying(eqns, ins, vals) -> list:
+    """The values `vals` of the inputs `ins` of `eqns` (a checkpoint's region or a scan's body),
+    those that the equations only `pvary` (inside a shard_map) cast to varying first; `_retyped`
+    then skips those casts.  Under jax_remat3 (jax 0.10) a checkpoint whose region casts an
+    invariant input replays that cast on an input it has typed varying already, and JAX rejects
+    it ("pvary is a invariant->variant collective"); with the cast outside, both remat settings
+    give the same gradients (the cast's transpose, a psum, is the one the region's cast had)."""
+    if not any(e.primitive.name == "pvary" for e in eqns):
+        return list(vals)
+    uses: dict = {}
+    for e in eqns:
+        axes = tuple(e.params.get("axes", ())) if e.primitive.name == "pvary" else None
+        for u in e.invars:
+            if not isinstance(u, jex.core.Literal):
+                uses.setdefault(u, set()).add(axes)
+    out = []
+    for v, x in zip(ins, vals):
+        got = uses.get(v, {None})
+        axes = next(iter(got)) if len(got) == 1 else None
+        out.append(jax.lax.pcast(x, axes, to="varying") if axes and not _varies(x, axes) else x)
+    return out
 
 
 def _retyped(eqn, invals) -> bool:
-    """A `pvary` of values that vary over its axes already (`_varying_for`): the identity."""
+    """A `pvary` of values that vary over its axes already (`_cast_varying`): the identity."""
     axes = eqn.params.get("axes", ()) if eqn.primitive.name == "pvary" else ()
     return bool(axes) and all(_varies(x, axes) for x in invals)
 
@@ -234,6 +243,8 @@ def _run_scan(eqn, invals, sp: ScanPlan, plan: Plan, oid: str):
     body = p["jaxpr"]
     bj, bconsts = body.jaxpr, body.consts
     consts, init, xs = invals[:nc], invals[nc:nc + ncar], invals[nc + ncar:]
+    consts = _cast_varying(bj.eqns, bj.invars[:nc], consts)  # inside a shard_map
+    xs = _cast_varying(bj.eqns, bj.invars[nc + ncar:], xs)
     prefix = f"{oid}/body/"
     tags = checkpoint_names(plan.values, sp.saved | sp.offloaded)
     saved = sorted(set(checkpoint_names(plan.values, sp.saved).values()))
@@ -243,7 +254,8 @@ def _run_scan(eqn, invals, sp: ScanPlan, plan: Plan, oid: str):
         env = dict(zip(bj.constvars, bconsts))
         env.update(zip(bj.invars, list(consts) + list(carry) + list(x)))
         for k, e in enumerate(bj.eqns):
-            vals = eval_eqn(e, [v.val if isinstance(v, jex.core.Literal) else env[v] for v in e.invars])
+            vals = [v.val if isinstance(v, jex.core.Literal) else env[v] for v in e.invars]
+            vals = vals if _retyped(e, vals) else eval_eqn(e, vals)
             for j, (v, val) in enumerate(zip(e.outvars, vals)):
                 vid = f"{prefix}e{k}:{j}"
                 if vid in tags:
