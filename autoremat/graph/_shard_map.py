@@ -27,13 +27,19 @@ from autoremat.graph._trace import Traced, structure_fingerprint, unmarked
 
 __all__ = ["shard_map_body", "rebuilt", "varying_axes", "aval_varying"]
 
+
 def shard_map_body(t: Traced) -> Traced | None:
     """The body of the one top-level shard_map of `t` that holds all of its matmuls (and at
-    least one), as a `Traced` whose `outer` is `t`; None where there is no such shard_map."""
+    least one), as a `Traced` whose `outer` is `t`; None where there is no such shard_map, or
+    where its parameters are not the ones `rebuilt` knows (jax 0.10's; then it stays one
+    opaque equation, as before)."""
     k = _the_shard_map(t.jaxpr)
     if k is None:
         return None
-    return _body_traced(t, k)
+    try:
+        return _body_traced(t, k)
+    except (KeyError, TypeError):
+        return None
 
 
 def rebuilt(eqn, body):
