@@ -58,10 +58,14 @@ MAX_SET_COMPILES = 2
 # decoder's step takes 1.6-2.4 s against 5.0-6.4 s of XLA compile
 # (benchmarks/results/compile_anatomy-llama.md), so two fit in one.
 AHEAD = 2
-# Compiles spent finding a mix's layer count.  The peak is not linear in it: on the 18-layer
-# 1B decoder (benchmarks/realscale.py) the line through nothing_saveable's and
-# dots_with_no_batch_dims_saveable's peaks gave 0.22 GiB per layer, the compiled mixes 0.28;
-# secant steps then a bisection settle 18 layers within 5 compiles (log2 18 < 5).
+# Compiles spent stepping to a mix's layer count; past them the counts still open are settled by
+# bisection (at most log2 of the open range more).  The peak is not linear in the count: on the
+# 18-layer 1B decoder (benchmarks/realscale.py) the line through nothing_saveable's and
+# dots_with_no_batch_dims_saveable's peaks gave 0.22 GiB per layer, the compiled mixes 0.28, and
+# secant steps then a bisection settle 18 layers within 5 compiles (log2 18 < 5).  Where the steps
+# walk a plateau first they may not: penzai's decoder written per device
+# (benchmarks/results/sharded_dp_unseen.md at 8b540d1) compiled the counts 1, 2 (a plateau), 7, 4
+# and 5, stopped there, and lost to the hand-written 6 (6.598 against 5.773 TFLOP).
 MAX_MIX_STEPS = 5
 # Mix compiles per budget of the pairs with one of MaxText's presets (`HandSearch.mix`; the pairs of
 # JAX's policies are not counted).  With seven presets on the tagged Llama 1B and no such bound,
@@ -526,15 +530,17 @@ class HandSearch:
     def _next_of(self, m: _Pair, bound: float, limit: int, stop: int) -> int | None:
         """The count of `m` to compile next: the largest expected to fit (`m.line`) among those
         that could beat `bound` and are not known over (from `stop` up: `_known_over`), else the
-        fewest of them (one compile shows whether the pair can win at all); None once there is
-        none, after MAX_MIX_STEPS, or where the fewest is predicted well over before any count
-        is compiled (`_surely_over`)."""
+        fewest of them (one compile shows whether the pair can win at all); after MAX_MIX_STEPS,
+        the middle of those; None once there is none, or where the fewest is predicted well over
+        before any count is compiled (`_surely_over`)."""
         below = self._count_below(m.lean, m.fast, bound)
-        if m.dropped or below is None or m.steps >= MAX_MIX_STEPS:
+        if m.dropped or below is None:
             return None
         lo = max(below, m.floor, m.fit + 1)
         if lo >= stop:
             return None
+        if m.steps >= MAX_MIX_STEPS:  # past the cap, the counts still open are settled by bisection
+            return (lo - 1 + stop) // 2
         if m.steps == 0 and self._surely_over(m.lean, m.fast, lo, limit):
             m.dropped = True
             return None
