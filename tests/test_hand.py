@@ -1120,3 +1120,25 @@ def test_presets_are_compiled_fewest_flops_first_up_to_the_first_policy_that_fit
     compiled.clear()
     hand.uniform(plans, 56_000_000)  # dots_with_no_batch_dims_saveable fits: the rest recompute more
     assert compiled[-1] == "dots_with_no_batch_dims_saveable" and "nothing_saveable" not in compiled
+
+
+def test_a_mix_search_past_its_step_cap_is_finished_by_bisection():
+    """penzai's decoder written per device (benchmarks/results/sharded_dp_unseen.md): its half-and-half
+    nothing_saveable / dots_with_no_batch_dims_saveable mix compiles to 9.69 GiB, as does 7 + 5; 1 and 2
+    layers of the faster one compile to nothing_saveable's own 9.66 (a plateau), 4 to 9.67, 7 to 10.06.
+    At the mix's own peak the search compiled 1, 2, 7, 4 and 5, reached MAX_MIX_STEPS and returned
+    7 + 5 (6.598 against the mix's 5.773 TFLOP); past the cap the counts still open are bisected: 6."""
+    from types import SimpleNamespace
+
+    from autoremat.graph._layers import Layer
+
+    gib, n, lean, fast = 2**30, 12, "nothing_saveable", "dots_with_no_batch_dims_saveable"
+    peaks = {k: int(v * gib) for k, v in {0: 9.66, 1: 9.66, 2: 9.66, 4: 9.67, 5: 9.69, 7: 10.06, 12: 11.94}.items()}
+    hand = _hand.HandSearch(SimpleNamespace(traced=None), [Layer(i, i + 1, "block") for i in range(n)],
+                            None, None, lambda m: None)
+    hand.points = {lean: _hand.HandPlan(lean, None, peaks[0], 10721e9), fast: _hand.HandPlan(fast, None, peaks[n], 825e9)}
+    m = _hand._Pair(lean, fast, floor=1, over=7, line=lambda k: peaks.get(k, peaks[5]), peaks=peaks, fit=5,
+                    steps=_hand.MAX_MIX_STEPS)
+    assert hand._next_of(m, bound=10721e9, limit=peaks[5], stop=7) == 6
+    m.fit = 6
+    assert hand._next_of(m, bound=10721e9, limit=peaks[5], stop=7) is None  # settled: 6 fits, 7 is over
