@@ -211,7 +211,7 @@ def run(name: str, layout: str, say) -> list[str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", nargs="+", default=["llama1b", "llama8b_scan"])
-    ap.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
+    ap.add_argument("--layouts", nargs="+", default=["fsdp", "fsdp_tp"], choices=list(LAYOUTS))
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                   "sharded.md"))
     ap.add_argument("--batch-scale", type=int, default=1, help="every model's batch times this (default 1)")
