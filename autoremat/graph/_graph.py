@@ -30,6 +30,7 @@ from autoremat.graph._interpret import primitive_label, scan_counts
 from autoremat.graph._interpret import user_name as _user_name
 from autoremat.graph._profiles import DeviceProfile, get_profile
 from autoremat.graph._residuals import EqnResiduals, eqn_residuals, linearized_in
+from autoremat.graph._shard_map import body_mesh
 from autoremat.graph._shardings import propagated_divisors
 from autoremat.graph._trace import Traced, trace
 
@@ -222,8 +223,7 @@ def graph_from_traced(t: Traced, *, profile=None) -> Graph:
         divisors.append(_sharding_divisor(aval, sds_sharding))
     # Only the loss (the first output) is differentiated; aux outputs are not.
     live_out = [i == 0 for i in range(len(jaxpr.outvars))]
-    mesh = t.outer.jaxpr.eqns[t.inside].params["mesh"] if t.outer is not None else None  # a shard_map's body
-    with linearized_in(mesh):
+    with linearized_in(body_mesh(t)):
         g = _build(jaxpr, prof, prefix="", in_diff=list(t.diff_mask), in_div=divisors,
                    arg_names=list(t.arg_names), multiplicity=1, live_out=live_out, out_div=propagated_divisors(t))
     g.traced = t

@@ -25,7 +25,7 @@ from autoremat.graph._costs import eqn_matmul_flops, jaxpr_matmul_flops
 from autoremat.graph._interpret import eval_jaxpr
 from autoremat.graph._trace import Traced, structure_fingerprint, unmarked
 
-__all__ = ["shard_map_body", "rebuilt", "varying_axes", "aval_varying"]
+__all__ = ["shard_map_body", "rebuilt", "body_mesh", "varying_axes", "aval_varying"]
 
 
 def shard_map_body(t: Traced) -> Traced | None:
@@ -53,6 +53,11 @@ def rebuilt(eqn, body):
         kw["axis_names"] = set(axes)
     return jax.shard_map(body, mesh=p["mesh"], in_specs=tuple(p["in_specs"]), out_specs=tuple(p["out_specs"]),
                          **kw)
+
+
+def body_mesh(t: Traced):
+    """The mesh of the shard_map whose body `t` is (None where `t` is not one)."""
+    return t.outer.jaxpr.eqns[t.inside].params["mesh"] if t.outer is not None else None
 
 
 def varying_axes(x) -> frozenset:

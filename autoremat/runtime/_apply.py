@@ -243,8 +243,8 @@ def _run_scan(eqn, invals, sp: ScanPlan, plan: Plan, oid: str):
     body = p["jaxpr"]
     bj, bconsts = body.jaxpr, body.consts
     consts, init, xs = invals[:nc], invals[nc:nc + ncar], invals[nc + ncar:]
-    consts = _cast_varying(bj.eqns, bj.invars[:nc], consts)  # inside a shard_map
-    xs = _cast_varying(bj.eqns, bj.invars[nc + ncar:], xs)
+    cast = _cast_varying(bj.eqns, [*bj.invars[:nc], *bj.invars[nc + ncar:]], [*consts, *xs])  # inside a shard_map
+    consts, xs = cast[:nc], cast[nc:]
     prefix = f"{oid}/body/"
     tags = checkpoint_names(plan.values, sp.saved | sp.offloaded)
     saved = sorted(set(checkpoint_names(plan.values, sp.saved).values()))
