@@ -90,3 +90,28 @@ def test_tied_checkpoint_with_integer_outputs_and_vmap():
         np.testing.assert_allclose(grad, 3 * jnp.cos(jnp.ones(4)), rtol=1e-6)
         batched = jax.vmap(jax.grad(lambda x: g(x, 2)[0]))(jnp.arange(3.0))
         np.testing.assert_allclose(batched, 2 * jnp.cos(jnp.arange(3.0)), rtol=1e-6)
+
+
+def test_tied_checkpoint_inside_a_shard_map_keeps_each_value_its_type():
+    """Inside a shard_map the residuals and cotangents differ in type: here a region ending in
+    the `pmean` of the loss has an invariant cotangent and residuals varying over the batch.
+    One barrier over them all cast the cotangent to varying, and the backward pass rejected it
+    ("unexpected JAX type ... for argument to VJP function"); one barrier per type keeps each
+    as it was.  Gradients: the same operations in the same order (tolerance as above)."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    mesh = jax.make_mesh((4,), ("data",))
+
+    def region(w, x):
+        return jax.lax.pmean(jnp.mean(jnp.tanh(x @ w) ** 2), "data")
+
+    def loss(wrap):
+        body = lambda w, x: wrap(region)(jax.lax.pcast(w, "data", to="varying"), x)  # noqa: E731
+        return lambda w, x: jax.shard_map(body, mesh=mesh, in_specs=(P(), P("data")), out_specs=P())(w, x)
+
+    k = jax.random.split(jax.random.key(2))
+    w = jax.device_put(jax.random.normal(k[0], (64, 128)) / 8, NamedSharding(mesh, P()))
+    x = jax.device_put(jax.random.normal(k[1], (512, 64)), NamedSharding(mesh, P("data")))
+    with remat3_flag(True), jax.set_mesh(mesh):
+        got = jax.jit(jax.grad(loss(lambda f: checkpoint(f, policy=NOTHING, prevent_cse=True))))(w, x)
+        want = jax.jit(jax.grad(loss(lambda f: f)))(w, x)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7 * float(jnp.max(jnp.abs(want))))

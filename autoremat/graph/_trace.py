@@ -77,14 +77,17 @@ class Traced:
     # the trace of the whole function, and the index of that shard_map among its equations.
     outer: Any = None
     inside: int = -1
+    # `jax_remat3` when traced: the same jaxpr's plans compile to other programs under the other
+    # setting (remat3 ties each checkpoint to the backward pass, `runtime._checkpoint`).
+    remat3: bool = False
 
     @property
     def signature(self) -> tuple:
         """What a plan, a compile or a measurement of this trace depends on: the jaxpr's
         structure, the inputs' types and their shardings (the same step on another mesh
         layout compiles to other per-device peaks); a shard_map's body's, with the whole
-        function's."""
-        own = self.fingerprint, str(self.in_avals), tuple(str(s) for s in self.in_shardings)
+        function's; and `jax_remat3`, which the compiled programs depend on."""
+        own = self.fingerprint, str(self.in_avals), tuple(str(s) for s in self.in_shardings), self.remat3
         return own if self.outer is None else (*own, self.outer.signature)
 
     def user_lines(self) -> list[int | None]:
@@ -132,7 +135,8 @@ def signature_key(args: Sequence[Any], kwargs: dict, static_argnums: Sequence[in
                   shardings: bool = True) -> tuple:
     """What one traced signature is keyed by, everywhere (`optimize`'s plans, `apply`'s traces):
     the pytree structure, each leaf's shape, dtype and (with `shardings`) NamedSharding, and the
-    static arguments (by value, or by identity when unhashable)."""
+    static arguments (by value, or by identity when unhashable), and `jax_remat3` (a plan found
+    under one setting is found again under the other: their programs' peaks differ)."""
     dynamic, static = split_static(args, static_argnums)
     leaves, treedef = jax.tree_util.tree_flatten((dynamic, kwargs))
 
@@ -141,7 +145,13 @@ def signature_key(args: Sequence[Any], kwargs: dict, static_argnums: Sequence[in
         return (tuple(np.shape(x)), str(jax.numpy.result_type(x)),
                 repr(s) if isinstance(s, jax.sharding.NamedSharding) else "")
 
-    return treedef, tuple(leaf(x) for x in leaves), tuple(sorted((k, _static_key(v)) for k, v in static.items()))
+    return (treedef, tuple(leaf(x) for x in leaves), tuple(sorted((k, _static_key(v)) for k, v in static.items())),
+            remat3_enabled())
+
+
+def remat3_enabled() -> bool:
+    """Whether `jax.checkpoint` stages JAX's remat3 implementation right now."""
+    return bool(getattr(jax.config, "jax_remat3", False))
 
 
 def _static_key(v):
@@ -220,7 +230,7 @@ def trace(fn, args: Sequence[Any], kwargs: dict | None = None, *, argnums=0,
     return Traced(closed, in_tree, out_tree, tuple(v.aval for v in closed.jaxpr.invars),
                   tuple(names), tuple(diff_mask), structure_fingerprint(closed.jaxpr),
                   tuple(leaf_sharding(x) for x in leaves), argnums, tuple(static_argnums), has_aux,
-                  _code_of(fn), n_checkpoints, regions)
+                  _code_of(fn), n_checkpoints, regions, remat3=remat3_enabled())
 
 
 def _leaf_names_and_mask(leaves_with_path, dyn_positions, diff_dyn) -> tuple[list[str], list[bool]]:

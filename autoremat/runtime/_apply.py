@@ -25,7 +25,7 @@ from autoremat._errors import PlanMismatchError
 from autoremat.graph._interpret import eval_eqn, scan_counts
 from autoremat.graph._shard_map import rebuilt, shard_map_body, varying_axes
 from autoremat.graph._trace import Traced, signature_key, split_static, trace
-from autoremat.runtime._checkpoint import checkpoint
+from autoremat.runtime._checkpoint import checkpoint, remat3_enabled
 from autoremat.runtime._plan import Plan, Region, ScanPlan, checkpoint_names
 
 
@@ -172,7 +172,7 @@ class _Evaluator:
             run(local)
             return [local[v] for v in outs]
 
-        vals = _cast_varying(self.jaxpr.eqns[start:stop], ins, [env[v] for v in ins])
+        vals = _cast_varying(self.jaxpr.eqns[start:stop], ins, [env[v] for v in ins], outs)
         for v, val in zip(outs, wrap(body)(*vals)):
             env[v] = val
 
@@ -203,27 +203,60 @@ class _Evaluator:
                       lambda body: checkpoint(body, policy=region_policy(saved, offloaded, r.policy), prevent_cse=True))
 
 
-def _cast_varying(eqns, ins, vals) -> list:
-    """The values `vals` of the inputs `ins` of `eqns` (a checkpoint's region or a scan's body),
-    those that the equations only `pvary` (inside a shard_map) cast to varying first; `_retyped`
-    then skips those casts.  Under jax_remat3 (jax 0.10) a checkpoint whose region casts an
-    invariant input replays that cast on an input it has typed varying already, and JAX rejects
-    it ("pvary is a invariant->variant collective"); with the cast outside, both remat settings
-    give the same gradients (the cast's transpose, a psum, is the one the region's cast had)."""
-    if not any(e.primitive.name == "pvary" for e in eqns):
+def _cast_varying(eqns, ins, vals, outs=()) -> list:
+    """The values `vals` of the inputs `ins` of `eqns` (a checkpoint's region or a scan's body,
+    whose results `outs` are used after it), those that the equations only `pvary` (inside a
+    shard_map) cast to varying first, under jax_remat3; `_retyped` then skips those casts.
+
+    Under jax_remat3 (jax 0.10) the backward pass of a checkpoint replays its region on its
+    inputs passed through one `optimization_barrier`, which casts them all to the most varying
+    input's type (`core.auto_insert_reshard`); a cast of an invariant input then fails ("pvary
+    is a invariant->variant collective"), in plain JAX too (a `nothing_saveable` layer of the
+    1B decoder written per device).  With the cast outside, both settings give the same
+    gradients (its transpose, a psum, is the one the region's cast had).  Under remat2 nothing
+    is cast: a cast stack of weights is a copy (92.79 against 77.40 GiB, the 8B scan written per
+    device at `nothing_saveable`; FINDINGS)."""
+    if not remat3_enabled() or not any(e.primitive.name == "pvary" for e in eqns):
         return list(vals)
-    uses: dict = {}
-    for e in eqns:
-        axes = tuple(e.params.get("axes", ())) if e.primitive.name == "pvary" else None
-        for u in e.invars:
-            if not isinstance(u, jex.core.Literal):
-                uses.setdefault(u, set()).add(axes)
+    reach = _reaching_pvary(eqns, outs)
     out = []
     for v, x in zip(ins, vals):
-        got = uses.get(v, {None})
-        axes = next(iter(got)) if len(got) == 1 else None
+        axes = reach(v)
         out.append(jax.lax.pcast(x, axes, to="varying") if axes and not _varies(x, axes) else x)
     return out
+
+
+def _reaching_pvary(eqns, outs):
+    """`reach(v)`: the axes of the `pvary` that every use of `v` in `eqns` reaches, through
+    equations of one operand (a norm's scale broadcast, then cast), or None (another use, or a
+    value used after `eqns`).  Those equations, run on `v` cast, give what the `pvary` gave."""
+    uses: dict = {}
+    for e in eqns:
+        for u in e.invars:
+            if not isinstance(u, jex.core.Literal):
+                uses.setdefault(u, []).append(e)
+    escaping, memo = set(outs), {}
+
+    def reach(v):
+        if v not in memo:
+            got = {None} if v in escaping or v not in uses else set()
+            for e in uses.get(v, ()):
+                if e.primitive.name == "pvary" and len(e.invars) == 1:
+                    got.add(tuple(e.params.get("axes", ())))
+                elif len(e.invars) == 1 and e.primitive.name not in _COLLECTIVES and not any(jex.core.jaxprs_in_params(e.params)):
+                    got.update(reach(o) for o in e.outvars if not isinstance(o, jex.core.DropVar))
+                else:
+                    got.add(None)
+            memo[v] = next(iter(got)) if len(got) == 1 else None
+        return memo[v]
+
+    return reach
+
+
+# Primitives of one operand whose result's type is not their operand's (a cast of a value that
+# varies already would not give the same result as the cast `pvary` did).
+_COLLECTIVES = frozenset({"psum", "pmax", "pmin", "psum_invariant", "all_gather", "all_gather_invariant",
+                          "reduce_scatter", "all_to_all", "ppermute", "pbroadcast", "pcast", "pvary"})
 
 
 def _retyped(eqn, invals) -> bool:
@@ -240,17 +273,14 @@ def _run_scan(eqn, invals, sp: ScanPlan, plan: Plan, oid: str):
     """Re-issues a scan with its body evaluated under a checkpoint with named values."""
     p = eqn.params
     nc, ncar = scan_counts(p)
-    body = p["jaxpr"]
-    bj, bconsts = body.jaxpr, body.consts
+    bj, bconsts = p["jaxpr"].jaxpr, p["jaxpr"].consts
     consts, init, xs = invals[:nc], invals[nc:nc + ncar], invals[nc + ncar:]
-    cast = _cast_varying(bj.eqns, [*bj.invars[:nc], *bj.invars[nc + ncar:]], [*consts, *xs])  # inside a shard_map
-    consts, xs = cast[:nc], cast[nc:]
     prefix = f"{oid}/body/"
     tags = checkpoint_names(plan.values, sp.saved | sp.offloaded)
     saved = sorted(set(checkpoint_names(plan.values, sp.saved).values()))
     offloaded = sorted(set(checkpoint_names(plan.values, sp.offloaded).values()))
 
-    def step(carry, x):
+    def body(consts, carry, x):
         env = dict(zip(bj.constvars, bconsts))
         env.update(zip(bj.invars, list(consts) + list(carry) + list(x)))
         for k, e in enumerate(bj.eqns):
@@ -265,7 +295,16 @@ def _run_scan(eqn, invals, sp: ScanPlan, plan: Plan, oid: str):
         outs = [v.val if isinstance(v, jex.core.Literal) else env[v] for v in bj.outvars]
         return list(outs[:ncar]), list(outs[ncar:])
 
-    step = checkpoint(step, policy=region_policy(saved, offloaded, sp.policy), prevent_cse=sp.prevent_cse)
+    body = checkpoint(body, policy=region_policy(saved, offloaded, sp.policy), prevent_cse=sp.prevent_cse)
+
+    def step(carry, x):
+        # Under jax_remat3 inside a shard_map, the inputs the body casts to varying are cast
+        # here, outside the checkpoint and per iteration as the body's own casts were (per
+        # iteration: 91.90 GiB against 92.79 cast before the scan, the 8B scan written per device
+        # at `nothing_saveable` on the body, compiled under remat2 with the cast forced).
+        cast = _cast_varying(bj.eqns, [*bj.invars[:nc], *bj.invars[nc + ncar:]], [*consts, *x], bj.outvars)
+        return body(cast[:nc], carry, cast[nc:])
+
     kw = {}
     if "_split_transpose" in p:
         kw["_split_transpose"] = p["_split_transpose"]

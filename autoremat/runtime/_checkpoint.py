@@ -24,12 +24,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from autoremat.graph._shard_map import varying_axes
+from autoremat.graph._trace import remat3_enabled
+
 __all__ = ["checkpoint", "remat3_enabled"]
-
-
-def remat3_enabled() -> bool:
-    """Whether `jax.checkpoint` stages JAX's remat3 implementation right now."""
-    return bool(getattr(jax.config, "jax_remat3", False))
 
 
 def checkpoint(fn, *, policy, prevent_cse: bool):
@@ -57,13 +55,34 @@ def _tied(ck):
 
     def bwd(vjp_fn, ct):
         # float0 cotangents (integer outputs) cannot go through a barrier; they carry no data.
-        leaves, tree = jax.tree_util.tree_flatten((vjp_fn, ct))
+        res, res_tree = jax.tree_util.tree_flatten(vjp_fn)
+        cts, ct_tree = jax.tree_util.tree_flatten(ct)
+        leaves = res + cts
         real = [i for i, x in enumerate(leaves) if jnp.result_type(x) != jax.dtypes.float0]
-        held = jax.lax.optimization_barrier([leaves[i] for i in real])
-        for i, x in zip(real, held):
+        for i, x in zip(real, _held([leaves[i] for i in real], [i >= len(res) for i in real])):
             leaves[i] = x
-        vjp_fn, ct = jax.tree_util.tree_unflatten(tree, leaves)
-        return vjp_fn(ct)
+        vjp_fn = jax.tree_util.tree_unflatten(res_tree, leaves[:len(res)])
+        return vjp_fn(jax.tree_util.tree_unflatten(ct_tree, leaves[len(res):]))
 
     region.defvjp(fwd, bwd)
     return region
+
+
+def _held(xs: list, is_ct: list) -> list:
+    """`xs` (residuals and cotangents, `is_ct`) through `optimization_barrier`s.  Outside a
+    shard_map, one.  Inside one, one per varying type: a barrier over values of several types
+    casts them all to the most varying (`core.auto_insert_reshard`), and the backward pass
+    would get a residual or a cotangent of another type than it was made for ("unexpected JAX
+    type ... for argument to VJP function", the 8B scan written per device under remat3).  Each
+    holds the residuals of its type with those cotangents that cast to it, so that still ties
+    them to the backward pass."""
+    types = [varying_axes(x) for x in xs]
+    out = list(xs)
+    for t in dict.fromkeys(types):
+        own = [i for i, u in enumerate(types) if u == t]
+        ties = [jax.lax.pcast(xs[i], tuple(sorted(t - u)), to="varying")
+                for i, u in enumerate(types) if is_ct[i] and u < t]
+        held = jax.lax.optimization_barrier([xs[i] for i in own] + ties)
+        for i, x in zip(own, held):
+            out[i] = x
+    return out
