@@ -19,18 +19,22 @@ def _per_device_stack(policy: str | None = None):
     """(loss, (ws, x), mesh): four residual MLP layers in a shard_map over 4 devices, the batch
     split, the weights replicated, the loss averaged by `pmean`; `policy`: a JAX policy written
     around each layer inside the body, as a person would.  Each layer scales its input by a
-    weight (as a norm does), which the body broadcasts before it casts it to varying."""
+    weight (as a norm does) and by a table of positions the body makes once over a timescale the
+    layer makes (as rotary embeddings do); the body casts both to varying where they meet the
+    input, after a broadcast (`runtime._varying`)."""
     mesh = jax.make_mesh((4,), ("data",))
 
-    def layer(x, w1, w2, g):
-        return x + jnp.tanh((x * g[None]) @ w1) @ w2
+    def layer(x, w1, w2, g, pos):
+        angle = jnp.cos(pos / 100.0 ** (jnp.arange(64.0) / 64))
+        return x + jnp.tanh((x * (g * angle)[None]) @ w1) @ w2
 
     if policy is not None:
         layer = jax.checkpoint(layer, policy=getattr(jax.checkpoint_policies, policy))
 
     def body(ws, x):
+        pos = jnp.arange(64.0)
         for w1, w2, g in ws:
-            x = layer(x, w1, w2, g)
+            x = layer(x, w1, w2, g, pos)
         return jax.lax.pmean(jnp.mean(x**2), "data")
 
     def loss(ws, x):
@@ -109,17 +113,19 @@ def test_a_plan_made_inside_a_shard_map_is_saved_loaded_and_run_under_jit(tmp_pa
 def _per_device_scan(d_in: int, d_ff: int, batch: int, policy: str | None = None):
     """(loss, (ws, x), mesh): six residual MLP layers stacked and run by `lax.scan` inside a
     shard_map over 4 devices (weights replicated, batch split); `policy`: written around the
-    scan's body, as a person would."""
+    scan's body, as a person would.  Each layer's norm scale and positions as above."""
     mesh = jax.make_mesh((4,), ("data",))
 
-    def step(x, w):
-        return x + jnp.tanh((x * w[2][None]) @ w[0]) @ w[1], None
+    def step(x, w, pos):
+        angle = jnp.cos(pos / 100.0 ** (jnp.arange(d_in, dtype=jnp.float32) / d_in))
+        return x + jnp.tanh((x * (w[2] * angle)[None]) @ w[0]) @ w[1], None
 
     if policy is not None:
         step = jax.checkpoint(step, policy=getattr(jax.checkpoint_policies, policy))
 
     def body(ws, x):
-        return jax.lax.pmean(jnp.mean(jax.lax.scan(step, x, ws)[0] ** 2), "data")
+        pos = jnp.arange(d_in, dtype=jnp.float32)
+        return jax.lax.pmean(jnp.mean(jax.lax.scan(lambda x, w: step(x, w, pos), x, ws)[0] ** 2), "data")
 
     def loss(ws, x):
         return jax.shard_map(body, mesh=mesh, in_specs=(P(), P("data")), out_specs=P())(ws, x)
@@ -166,3 +172,36 @@ def test_the_stacked_weights_of_a_scan_in_a_shard_map_are_not_copied():
         got = compiled_stats(opt, *args)
     assert got.peak_bytes <= want.peak_bytes
     assert got.matmul_flops <= want.matmul_flops
+
+
+@pytest.mark.parametrize("remat3", [False, True])
+def test_a_region_whose_invariant_result_is_used_after_it(remat3):
+    """A region cut through the body's invariant work: the rotary-style table `t` is made in the
+    region, cast to varying in it (so under remat3 its inputs are cast before the checkpoint,
+    `runtime._varying`), and used after it, invariant, in a term that reaches the output without
+    a `psum`.  The region's `t` would vary; the one used after it is made outside the checkpoint
+    from the inputs as they were.  Gradients: the same operations (measured equal)."""
+    from autoremat.runtime._plan import Plan, Region
+    mesh = jax.make_mesh((4,), ("data",))
+
+    def body(w, x):
+        pos = jnp.arange(64.0)
+        t = jnp.cos(pos / 100.0 ** (jnp.arange(64.0) / 64))
+        y = jnp.tanh((x * t[None]) @ w)
+        return jax.lax.pmean(jnp.mean(y**2), "data") + jnp.sum(t * t)
+
+    def loss(w, x):
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P("data")), out_specs=P())(w, x)
+
+    k = jax.random.split(jax.random.key(3))
+    w = jax.device_put(jax.random.normal(k[0], (64, 128)) / 8, NamedSharding(mesh, P()))
+    x = jax.device_put(jax.random.normal(k[1], (512, 64)), NamedSharding(mesh, P("data")))
+    with jax.set_mesh(mesh):
+        t = shard_map_body(trace(loss, (w, x)))
+    names = [e.primitive.name for e in t.jaxpr.eqns]
+    start, stop = names.index("cos"), names.index("tanh") + 1  # the table's last step to the layer's
+    plan = Plan(t.fingerprint, len(names), regions=(Region(start, stop, policy="nothing_saveable"),))
+    with remat3_flag(remat3), jax.set_mesh(mesh):
+        got = jax.jit(jax.grad(autoremat.apply(loss, plan), argnums=(0, 1)))(w, x)
+        want = jax.jit(jax.grad(loss, argnums=(0, 1)))(w, x)
+    assert _max_diff(got, want) < 1e-6

@@ -23,10 +23,11 @@ from jax.ad_checkpoint import checkpoint_name
 
 from autoremat._errors import PlanMismatchError
 from autoremat.graph._interpret import eval_eqn, scan_counts
-from autoremat.graph._shard_map import rebuilt, shard_map_body, varying_axes
+from autoremat.graph._shard_map import rebuilt, shard_map_body
 from autoremat.graph._trace import Traced, signature_key, split_static, trace
-from autoremat.runtime._checkpoint import checkpoint, remat3_enabled
+from autoremat.runtime._checkpoint import checkpoint
 from autoremat.runtime._plan import Plan, Region, ScanPlan, checkpoint_names
+from autoremat.runtime._varying import cast_varying, evaluated
 
 
 __all__ = ["apply", "run_plan", "check_plan_matches", "region_policy", "segment_function"]
@@ -172,9 +173,9 @@ class _Evaluator:
             run(local)
             return [local[v] for v in outs]
 
-        vals = _cast_varying(self.jaxpr.eqns[start:stop], ins, [env[v] for v in ins], outs)
+        vals, early = cast_varying(self.jaxpr.eqns[start:stop], ins, [env[v] for v in ins], outs)
         for v, val in zip(outs, wrap(body)(*vals)):
-            env[v] = val
+            env[v] = early.get(v, val)
 
     def _eqn(self, env, k, tags):
         eqn = self.jaxpr.eqns[k]
@@ -182,10 +183,8 @@ class _Evaluator:
         oid = f"e{k}"
         if oid in self.scans and eqn.primitive.name == "scan":
             outvals = _run_scan(eqn, invals, self.scans[oid], self.plan, oid)
-        elif _retyped(eqn, invals):
-            outvals = invals
         else:
-            outvals = eval_eqn(eqn, invals)
+            outvals = evaluated(eqn, invals)
         for j, (v, val) in enumerate(zip(eqn.outvars, outvals)):
             vid = f"{oid}:{j}"
             if vid in tags:
@@ -201,72 +200,6 @@ class _Evaluator:
         offloaded = sorted(set(checkpoint_names(self.plan.values, r.offloaded).values()))
         self._as_call(env, r.start, r.stop, lambda local: self._run_range(local, r.start, r.stop, r.children, tags),
                       lambda body: checkpoint(body, policy=region_policy(saved, offloaded, r.policy), prevent_cse=True))
-
-
-def _cast_varying(eqns, ins, vals, outs=()) -> list:
-    """The values `vals` of the inputs `ins` of `eqns` (a checkpoint's region or a scan's body,
-    whose results `outs` are used after it), those that the equations only `pvary` (inside a
-    shard_map) cast to varying first, under jax_remat3; `_retyped` then skips those casts.
-
-    Under jax_remat3 (jax 0.10) the backward pass of a checkpoint replays its region on its
-    inputs passed through one `optimization_barrier`, which casts them all to the most varying
-    input's type (`core.auto_insert_reshard`); a cast of an invariant input then fails ("pvary
-    is a invariant->variant collective"), in plain JAX too (a `nothing_saveable` layer of the
-    1B decoder written per device).  With the cast outside, both settings give the same
-    gradients (its transpose, a psum, is the one the region's cast had).  Under remat2 nothing
-    is cast: a cast stack of weights is a copy (92.79 against 77.40 GiB, the 8B scan written per
-    device at `nothing_saveable`; FINDINGS)."""
-    if not remat3_enabled() or not any(e.primitive.name == "pvary" for e in eqns):
-        return list(vals)
-    reach = _reaching_pvary(eqns, outs)
-    out = []
-    for v, x in zip(ins, vals):
-        axes = reach(v)
-        out.append(jax.lax.pcast(x, axes, to="varying") if axes and not _varies(x, axes) else x)
-    return out
-
-
-def _reaching_pvary(eqns, outs):
-    """`reach(v)`: the axes of the `pvary` that every use of `v` in `eqns` reaches, through
-    equations of one operand (a norm's scale broadcast, then cast), or None (another use, or a
-    value used after `eqns`).  Those equations, run on `v` cast, give what the `pvary` gave."""
-    uses: dict = {}
-    for e in eqns:
-        for u in e.invars:
-            if not isinstance(u, jex.core.Literal):
-                uses.setdefault(u, []).append(e)
-    escaping, memo = set(outs), {}
-
-    def reach(v):
-        if v not in memo:
-            got = {None} if v in escaping or v not in uses else set()
-            for e in uses.get(v, ()):
-                if e.primitive.name == "pvary" and len(e.invars) == 1:
-                    got.add(tuple(e.params.get("axes", ())))
-                elif len(e.invars) == 1 and e.primitive.name not in _COLLECTIVES and not any(jex.core.jaxprs_in_params(e.params)):
-                    got.update(reach(o) for o in e.outvars if not isinstance(o, jex.core.DropVar))
-                else:
-                    got.add(None)
-            memo[v] = next(iter(got)) if len(got) == 1 else None
-        return memo[v]
-
-    return reach
-
-
-# Primitives of one operand whose result's type is not their operand's (a cast of a value that
-# varies already would not give the same result as the cast `pvary` did).
-_COLLECTIVES = frozenset({"psum", "pmax", "pmin", "psum_invariant", "all_gather", "all_gather_invariant",
-                          "reduce_scatter", "all_to_all", "ppermute", "pbroadcast", "pcast", "pvary"})
-
-
-def _retyped(eqn, invals) -> bool:
-    """A `pvary` of values that vary over its axes already (`_cast_varying`): the identity."""
-    axes = eqn.params.get("axes", ()) if eqn.primitive.name == "pvary" else ()
-    return bool(axes) and all(_varies(x, axes) for x in invals)
-
-
-def _varies(x, axes) -> bool:
-    return set(axes) <= varying_axes(x)
 
 
 def _run_scan(eqn, invals, sp: ScanPlan, plan: Plan, oid: str):
@@ -285,7 +218,7 @@ def _run_scan(eqn, invals, sp: ScanPlan, plan: Plan, oid: str):
         env.update(zip(bj.invars, list(consts) + list(carry) + list(x)))
         for k, e in enumerate(bj.eqns):
             vals = [v.val if isinstance(v, jex.core.Literal) else env[v] for v in e.invars]
-            vals = vals if _retyped(e, vals) else eval_eqn(e, vals)
+            vals = evaluated(e, vals)
             for j, (v, val) in enumerate(zip(e.outvars, vals)):
                 vid = f"{prefix}e{k}:{j}"
                 if vid in tags:
@@ -302,8 +235,11 @@ def _run_scan(eqn, invals, sp: ScanPlan, plan: Plan, oid: str):
         # here, outside the checkpoint and per iteration as the body's own casts were (per
         # iteration: 91.90 GiB against 92.79 cast before the scan, the 8B scan written per device
         # at `nothing_saveable` on the body, compiled under remat2 with the cast forced).
-        cast = _cast_varying(bj.eqns, [*bj.invars[:nc], *bj.invars[nc + ncar:]], [*consts, *x], bj.outvars)
-        return body(cast[:nc], carry, cast[nc:])
+        ins = [*bj.invars[:nc], *bj.invars[nc + ncar:]]
+        cast, early = cast_varying(bj.eqns, ins, [*consts, *x], bj.outvars)
+        carry, ys = body(cast[:nc], carry, cast[nc:])
+        outs = [y if isinstance(v, jex.core.Literal) else early.get(v, y) for v, y in zip(bj.outvars, [*carry, *ys])]
+        return outs[:ncar], outs[ncar:]
 
     kw = {}
     if "_split_transpose" in p:
