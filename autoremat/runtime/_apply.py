@@ -236,7 +236,7 @@ def _run_scan(eqn, invals, sp: ScanPlan, plan: Plan, oid: str):
         # iteration: 91.90 GiB against 92.79 cast before the scan, the 8B scan written per device
         # at `nothing_saveable` on the body, compiled under remat2 with the cast forced).
         ins = [*bj.invars[:nc], *bj.invars[nc + ncar:]]
-        cast, early = cast_varying(bj.eqns, ins, [*consts, *x], bj.outvars)
+        cast, early = cast_varying(bj.eqns, ins, [*consts, *x], bj.outvars, bj.invars[nc:nc + ncar])
         carry, ys = body(cast[:nc], carry, cast[nc:])
         outs = [y if isinstance(v, jex.core.Literal) else early.get(v, y) for v, y in zip(bj.outvars, [*carry, *ys])]
         return outs[:ncar], outs[ncar:]

@@ -41,53 +41,58 @@ _COLLECTIVES = frozenset({"psum", "pmax", "pmin", "psum_invariant", "all_gather"
                           "reduce_scatter", "all_to_all", "ppermute", "pbroadcast", "pcast", "pvary"})
 
 
-def cast_varying(eqns, ins, vals, outs=()) -> tuple[list, dict]:
+def cast_varying(eqns, ins, vals, outs=(), fixed=()) -> tuple[list, dict]:
     """The values `vals` of the inputs `ins` of `eqns` (a checkpoint's region or a scan's body,
-    whose results `outs` are used after it): under jax_remat3, those in a castable invariant
-    part (`_castable`) cast to varying over the axes of its `pvary`s, else as they are; and the
-    results in `outs` of the parts cast, evaluated here on the values as they were, for the
-    caller to use in place of the region's (cast in it, they would vary)."""
+    whose results `outs` are used after it; `fixed`: its other inputs, a scan's carry, which
+    keep their type): under jax_remat3, those in a castable part (`_castable`) cast to vary
+    over all the axes the checkpoint's inputs vary over, else as they are; and the results in
+    `outs` of the parts cast, evaluated here on the values as they were, for the caller to use
+    in place of the region's (cast in it, they would vary more)."""
     if not remat3_enabled() or not any(e.primitive.name == "pvary" for e in eqns):
         return list(vals), {}
-    axes, early = _castable(eqns, outs)
-    cast = [jax.lax.pcast(x, axes[v], to="varying") if v in axes and not _varies(x, axes[v]) else x
-            for v, x in zip(ins, vals)]
-    return cast, _evaluated_early(eqns, early, dict(zip(ins, vals)))
+    every = frozenset().union(*(aval_varying(v.aval) for v in [*ins, *fixed]))
+    cast, early = _castable(eqns, outs, every, fixed)
+    vals = list(vals)
+    out = [_cast_to(x, every) if v in cast else x for v, x in zip(ins, vals)]
+    return out, _evaluated_early(eqns, early, dict(zip(ins, vals)))
 
 
-def _castable(eqns, outs) -> tuple[dict, list]:
-    """Each invariant variable of `eqns` whose invariant part is left only by `pvary`s over one
-    set of axes (and by results in `outs`), with those axes; and those results.  A part left
-    any other way (a collective, an equation with a jaxpr inside) is not cast: the `pvary`s out
-    of it would give what they give, and that way out something else."""
+def _castable(eqns, outs, every: frozenset, fixed=()) -> tuple[set, list]:
+    """The variables of `eqns` that vary over fewer of the axes `every` (short) and whose part
+    (the short values joined by the equations between them) is left only by `pvary`s to all of
+    `every` (and by results in `outs`); and those results.  A part left any other way (a
+    collective, an equation with a jaxpr inside, a value not short that is no `pvary`'s) or
+    holding a `fixed` input is not cast: the `pvary`s out of it would give what they give, and
+    that way out something else."""
     parts, ways = UnionFind(), {}
 
-    def leaves(u, way):
-        ways.setdefault(parts[u], set()).add(way)
+    def short(v) -> bool:
+        return not isinstance(v, jex.core.Literal) and aval_varying(v.aval) != every
+
+    def leaves(u, ok: bool):
+        ways.setdefault(parts[u], set()).add(ok)
 
     for e in eqns:
-        inv = [u for u in e.invars if _invariant(u)]
+        inv = [u for u in e.invars if short(u)]
         outs_e = [o for o in e.outvars if not isinstance(o, jex.core.DropVar)]
         if not inv:
             continue
-        if e.primitive.name == "pvary":
+        if e.primitive.name in _COLLECTIVES and e.primitive.name != "pvary" or any(jex.core.jaxprs_in_params(e.params)):
             for u in inv:
-                leaves(u, tuple(e.params.get("axes", ())))
-        elif (e.primitive.name in _COLLECTIVES or any(jex.core.jaxprs_in_params(e.params))
-              or not all(_invariant(o) for o in outs_e)):
-            for u in inv:
-                leaves(u, None)
-        else:
+                leaves(u, False)
+        elif all(short(o) for o in outs_e):
             parts.union(*inv, *outs_e)
+        else:
+            for u in inv:
+                leaves(u, e.primitive.name == "pvary")
+    for v in fixed:
+        if short(v):
+            leaves(v, False)
     by_part: dict = {}
     for root, got in ways.items():
         by_part.setdefault(parts[root], set()).update(got)
-    axes = {}
-    for v in parts:
-        got = by_part.get(parts[v], ())
-        if len(got) == 1 and None not in got:
-            axes[v] = next(iter(got))
-    return axes, [v for v in outs if not isinstance(v, jex.core.Literal) and v in axes]
+    cast = {v for v in parts if by_part.get(parts[v]) == {True}}
+    return cast, [v for v in outs if not isinstance(v, jex.core.Literal) and v in cast]
 
 
 def _evaluated_early(eqns, early: list, env: dict) -> dict:
@@ -107,17 +112,17 @@ def _evaluated_early(eqns, early: list, env: dict) -> dict:
     return {v: env[v] for v in early}
 
 
-def _invariant(v) -> bool:
-    return not isinstance(v, jex.core.Literal) and not aval_varying(v.aval)
-
-
 def evaluated(eqn, vals) -> list:
-    """`eqn` on `vals`: a `pvary` of values varying over its axes already (`cast_varying`) is
-    the identity; under jax_remat3, operands varying over fewer axes than others (the
-    region's own values meeting cast ones) are cast to the others' axes first."""
-    axes = eqn.params.get("axes", ()) if eqn.primitive.name == "pvary" else ()
-    if axes and all(_varies(x, axes) for x in vals):
-        return list(vals)
+    """`eqn` on `vals`.  A `pvary` casts only over the axes its operands do not vary over
+    already (`cast_varying`'s values): over none, it is the identity.  Under jax_remat3, where
+    an operand varies over more axes than when traced (a cast value), the others are cast to
+    its axes first, as JAX's own operations cast them (the region's own values meeting cast
+    ones)."""
+    if eqn.primitive.name == "pvary":
+        axes = tuple(eqn.params.get("axes", ()))
+        if any(set(axes) & varying_axes(x) for x in vals):
+            return [jax.lax.pcast(x, tuple(a for a in axes if a not in varying_axes(x)), to="varying") for x in vals]
+        return eval_eqn(eqn, vals)
     if remat3_enabled() and eqn.primitive.name not in _COLLECTIVES and not any(jex.core.jaxprs_in_params(eqn.params)):
         vals = _matched(eqn, vals)
     return eval_eqn(eqn, vals)
@@ -129,9 +134,9 @@ def _matched(eqn, vals) -> list:
     have = [varying_axes(x) for x in vals]
     if have == [frozenset() if isinstance(v, jex.core.Literal) else aval_varying(v.aval) for v in eqn.invars]:
         return list(vals)
-    every = frozenset().union(*have)
-    return [jax.lax.pcast(x, tuple(sorted(every - h)), to="varying") if h != every else x for x, h in zip(vals, have)]
+    return [_cast_to(x, frozenset().union(*have)) for x in vals]
 
 
-def _varies(x, axes) -> bool:
-    return set(axes) <= varying_axes(x)
+def _cast_to(x, every: frozenset):
+    """`x` cast to vary over all of `every` (the identity where it does)."""
+    return jax.lax.pcast(x, tuple(sorted(every - varying_axes(x))), to="varying")
