@@ -77,7 +77,7 @@ def _castable(eqns, outs, every: frozenset, fixed=()) -> tuple[set, list]:
         outs_e = [o for o in e.outvars if not isinstance(o, jex.core.DropVar)]
         if not inv:
             continue
-        if e.primitive.name in _COLLECTIVES and e.primitive.name != "pvary" or any(jex.core.jaxprs_in_params(e.params)):
+        if (e.primitive.name in _COLLECTIVES and e.primitive.name != "pvary") or any(jex.core.jaxprs_in_params(e.params)):
             for u in inv:
                 leaves(u, False)
         elif all(short(o) for o in outs_e):
