@@ -506,6 +506,9 @@ class PlanSearch:
                                     f"not below {format_bytes(peak_dev)} without it")
             self.model = build_chain_model(self.g, offload=False, none_scale=m.none_scale,
                                            block_cache=self.block_cache)
+        else:
+            self.meta["offload"] = (f"kept: offloading per block compiled to {format_bytes(peak_off)}, below "
+                                    f"{format_bytes(peak_dev)} without it")
 
     def lowest_first(self) -> None:
         """Before the rounds, where JAX's policies per layer all compiled over the budget (below
