@@ -25,7 +25,7 @@ from autoremat.graph._costs import eqn_matmul_flops, jaxpr_matmul_flops
 from autoremat.graph._interpret import eval_jaxpr
 from autoremat.graph._trace import Traced, structure_fingerprint, unmarked
 
-__all__ = ["shard_map_body", "rebuilt", "body_mesh", "varying_axes", "aval_varying"]
+__all__ = ["shard_map_body", "rebuilt", "body_mesh", "varying_axes", "aval_varying", "cast_to_vary"]
 
 
 def shard_map_body(t: Traced) -> Traced | None:
@@ -63,6 +63,13 @@ def body_mesh(t: Traced):
 def varying_axes(x) -> frozenset:
     """The manual mesh axes a value inside a shard_map is typed as varying over; empty outside one."""
     return aval_varying(jax.typeof(x))
+
+
+def cast_to_vary(x, axes):
+    """`x` cast to vary over each of the mesh axes `axes` it does not vary over already, in
+    their order (the identity where it varies over them all)."""
+    have = varying_axes(x)
+    return jax.lax.pcast(x, tuple(a for a in axes if a not in have), to="varying")
 
 
 def aval_varying(aval) -> frozenset:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from autoremat.graph._shard_map import varying_axes
+from autoremat.graph._shard_map import cast_to_vary, varying_axes
 from autoremat.graph._trace import remat3_enabled
 
 __all__ = ["checkpoint", "remat3_enabled"]
@@ -80,8 +80,7 @@ def _held(xs: list, is_ct: list) -> list:
     out = list(xs)
     for t in dict.fromkeys(types):
         own = [i for i, u in enumerate(types) if u == t]
-        ties = [jax.lax.pcast(xs[i], tuple(sorted(t - u)), to="varying")
-                for i, u in enumerate(types) if is_ct[i] and u < t]
+        ties = [cast_to_vary(xs[i], sorted(t)) for i, u in enumerate(types) if is_ct[i] and u < t]
         held = jax.lax.optimization_barrier([xs[i] for i in own] + ties)
         for i, x in zip(own, held):
             out[i] = x

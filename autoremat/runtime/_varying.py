@@ -25,12 +25,11 @@ stack of weights cast is a copy (92.79 against 77.40 GiB, the 8B scan written pe
 
 from __future__ import annotations
 
-import jax
 import jax.extend as jex
 from networkx.utils import UnionFind
 
 from autoremat.graph._interpret import eval_eqn
-from autoremat.graph._shard_map import aval_varying, varying_axes
+from autoremat.graph._shard_map import aval_varying, cast_to_vary, varying_axes
 from autoremat.graph._trace import remat3_enabled
 
 __all__ = ["cast_varying", "evaluated"]
@@ -53,7 +52,7 @@ def cast_varying(eqns, ins, vals, outs=(), fixed=()) -> tuple[list, dict]:
     every = frozenset().union(*(aval_varying(v.aval) for v in [*ins, *fixed]))
     cast, early = _castable(eqns, outs, every, fixed)
     vals = list(vals)
-    out = [_cast_to(x, every) if v in cast else x for v, x in zip(ins, vals)]
+    out = [cast_to_vary(x, sorted(every)) if v in cast else x for v, x in zip(ins, vals)]
     return out, _evaluated_early(eqns, early, dict(zip(ins, vals)))
 
 
@@ -77,7 +76,7 @@ def _castable(eqns, outs, every: frozenset, fixed=()) -> tuple[set, list]:
         outs_e = [o for o in e.outvars if not isinstance(o, jex.core.DropVar)]
         if not inv:
             continue
-        if (e.primitive.name in _COLLECTIVES and e.primitive.name != "pvary") or any(jex.core.jaxprs_in_params(e.params)):
+        if e.primitive.name != "pvary" and not _plain(e):
             for u in inv:
                 leaves(u, False)
         elif all(short(o) for o in outs_e):
@@ -121,9 +120,9 @@ def evaluated(eqn, vals) -> list:
     if eqn.primitive.name == "pvary":
         axes = tuple(eqn.params.get("axes", ()))
         if any(set(axes) & varying_axes(x) for x in vals):
-            return [jax.lax.pcast(x, tuple(a for a in axes if a not in varying_axes(x)), to="varying") for x in vals]
+            return [cast_to_vary(x, axes) for x in vals]
         return eval_eqn(eqn, vals)
-    if remat3_enabled() and eqn.primitive.name not in _COLLECTIVES and not any(jex.core.jaxprs_in_params(eqn.params)):
+    if remat3_enabled() and _plain(eqn):
         vals = _matched(eqn, vals)
     return eval_eqn(eqn, vals)
 
@@ -134,9 +133,9 @@ def _matched(eqn, vals) -> list:
     have = [varying_axes(x) for x in vals]
     if have == [frozenset() if isinstance(v, jex.core.Literal) else aval_varying(v.aval) for v in eqn.invars]:
         return list(vals)
-    return [_cast_to(x, frozenset().union(*have)) for x in vals]
+    return [cast_to_vary(x, sorted(frozenset().union(*have))) for x in vals]
 
 
-def _cast_to(x, every: frozenset):
-    """`x` cast to vary over all of `every` (the identity where it does)."""
-    return jax.lax.pcast(x, tuple(sorted(every - varying_axes(x))), to="varying")
+def _plain(eqn) -> bool:
+    """Neither a collective nor a cast (`_COLLECTIVES`), nor an equation with a jaxpr inside."""
+    return eqn.primitive.name not in _COLLECTIVES and not any(jex.core.jaxprs_in_params(eqn.params))
