@@ -346,7 +346,7 @@ def test_no_plan_lowering_to_the_program_compiling_is_compiled_beside_it(monkeyp
 
     monkeypatch.setattr(_search, "compile_step", slow)
     monkeypatch.setattr(_hand.HandSearch, "_model_over", lambda self, pol, limit: True)
-    ex = examples.get_example("mlp_chain", n_layers=4, width=56, batch=76)  # a signature of its own
+    ex = examples.get_example("mlp_chain", n_layers=4, width=72, batch=64)  # a signature of its own
     plan = plan_for(ex.fn, 0.7, ex.args, progress=said.append).plan
     assert sum("the same program as dots_saveable per layer, compiled before" in m for m in said) == 2
     assert len(calls) == plan.meta["compiles"]

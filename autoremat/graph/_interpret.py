@@ -70,10 +70,12 @@ def primitive_label(eqn) -> str:
 
 
 def checkpoint_params(eqn) -> tuple[Any, bool] | None:
-    """(policy, prevent_cse) of a `jax.checkpoint` equation, remat3 on or off (which has no
-    prevent_cse: True, JAX's default); None for any other equation."""
+    """(policy, prevent_cse) of a `jax.checkpoint` equation, remat3 on or off; None for any other
+    equation.  Remat3's equation records prevent_cse from JAX 0.11 on; on 0.10 it has none, and
+    the region is replayed behind barriers: True, JAX's default."""
     if hi_kind(eqn) == "RematTraced":
-        return eqn.params["_prim"].params.get("policy"), True
+        params = eqn.params["_prim"].params
+        return params.get("policy"), bool(params.get("prevent_cse", True))
     if eqn.primitive.name in ("remat2", "checkpoint"):
         return eqn.params.get("policy"), bool(eqn.params.get("prevent_cse", True))
     return None
