@@ -79,6 +79,19 @@ def test_optimize_fits_and_keeps_gradients(on):
         _assert_same_gradients(jax.grad(opt)(*args), args)
 
 
+def test_the_runtime_ties_the_replay_exactly_where_jax_does_not():
+    """`barrier_holds_cotangent` asks JAX by tracing; it is true exactly where JAX's own
+    checkpoint lowers the peak under remat3 (jax 0.11.2; not 0.10.2), and there `checkpoint`
+    is `jax.checkpoint` itself (no custom_vjp, so forward mode works too)."""
+    from autoremat.runtime._remat3 import barrier_holds_cotangent
+    args = _args()
+    with remat3_flag(True):
+        hand = _mlp(lambda f: jax.checkpoint(f, policy=NOTHING))
+        assert barrier_holds_cotangent() == (_peak(hand, args) < 0.8 * _peak(_mlp(), args))
+        step = str(jax.make_jaxpr(checkpoint(jnp.sin, policy=NOTHING, prevent_cse=True))(1.0))
+        assert ("custom_vjp" in step) != barrier_holds_cotangent()
+
+
 def test_tied_checkpoint_with_integer_outputs_and_vmap():
     """float0 cotangents skip the barrier; vmap goes through the custom_vjp."""
     def f(x, n):

@@ -21,6 +21,13 @@ operations cast it (`evaluated`).  Both remat settings give the same gradients: 
 transpose, a psum, is the one the region's own casts had.  Under remat2 nothing is cast: a
 stack of weights cast is a copy (92.79 against 77.40 GiB, the 8B scan written per device at
 `nothing_saveable` on its body; docs/FINDINGS.md, thirty-third session).
+
+JAX 0.11 replays each input as its own type (`replay_casts_inputs`, asked of JAX once a
+process), and nothing is cast there either: a cast part whose results are used after the region
+is evaluated outside it, and where that part takes a collective's result (the residual stream
+of a tensor-parallel layer) that is the whole layer, which then keeps all it makes (the (2, 2)
+tensor-parallel stack of `tests/test_shard_map.py` at `nothing_saveable` per layer: 5802196
+bytes, as un-optimized, where jax 0.11.2's own per-layer checkpoint compiles to 3213780).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from networkx.utils import UnionFind
 from autoremat.graph._interpret import eval_eqn
 from autoremat.graph._shard_map import aval_varying, cast_to_vary, varying_axes
 from autoremat.graph._trace import remat3_enabled
+from autoremat.runtime._remat3 import replay_casts_inputs
 
 __all__ = ["cast_varying", "evaluated"]
 
@@ -47,7 +55,7 @@ def cast_varying(eqns, ins, vals, outs=(), fixed=()) -> tuple[list, dict]:
     over all the axes the checkpoint's inputs vary over, else as they are; and the results in
     `outs` of the parts cast, evaluated here on the values as they were, for the caller to use
     in place of the region's (cast in it, they would vary more)."""
-    if not remat3_enabled() or not any(e.primitive.name == "pvary" for e in eqns):
+    if not (remat3_enabled() and any(e.primitive.name == "pvary" for e in eqns) and replay_casts_inputs()):
         return list(vals), {}
     every = frozenset().union(*(aval_varying(v.aval) for v in [*ins, *fixed]))
     cast, early = _castable(eqns, outs, every, fixed)
