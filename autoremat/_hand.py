@@ -93,6 +93,14 @@ FALL_SLACK = 0.03
 # about 0.88 where they rise with the count (GPT 1B: 0.219 GiB a layer compiled against 0.25
 # stored, docs/FINDINGS.md).  0.25 lies between the two kinds.
 PLATEAU_RISE = 0.25
+# Where JAX's two leanest policies per layer compile over the budget to peaks nearer together
+# than this share of the bytes they store apart, the step's peak is not set by what its layers
+# store, and no mix or coarser region lowers it (`HandSearch.peak_fixed`).  Shares measured
+# (peak difference / stored difference, benchmarks/results/peak_sensitivity.md): 0.0005 on the 1B
+# decoder written per device at one example a device (680 KiB apart, storing 1.34 GiB apart);
+# 0.29-1.0 on every other unrolled model and layout there (the alternating decoder under FSDP
+# the least), 11.5-54 on the scans (their bodies' bytes count once).  0.05 lies between.
+FIXED_PEAK_SHARE = 0.05
 
 
 @dataclass
@@ -293,6 +301,41 @@ class HandSearch:
             if last_of_tier and pol in HAND_POLICIES and self.points[pol].peak <= limit and i + 1 < len(order):
                 self.say(f"{pol} per layer fits: the rest save less, so recompute no less; not compiled")
                 return
+
+    def peak_fixed(self, limit: int) -> str | None:
+        """Why no plan is likely to come under `limit`, or None: every option compiled is over
+        it, and JAX's two leanest policies per layer, compiled to programs that recompute
+        differently, came out nearer together than FIXED_PEAK_SHARE of what they store apart, so
+        the peak is set elsewhere (the arguments,
+        their gradients, the outputs).  The 1B decoder written per device at one example a
+        device: the two compiled 680 KiB apart storing GiBs apart, and at the half-and-half mix's
+        peak the search compiled 46 plans in 240 s, all over (docs/FINDINGS.md, thirty-fourth
+        session)."""
+        lean, next_ = HAND_POLICIES[0], HAND_POLICIES[1]
+        if lean not in self.points or next_ not in self.points or any(p.peak <= limit for p in self.points.values()):
+            return None
+        stored = self.saved_bytes[next_] - self.saved_bytes[lean]
+        moved = abs(self.points[next_].peak - self.points[lean].peak)
+        # two programs that recompute alike tell nothing (the 4-layer MLP chain of
+        # tests/test_optimize.py: all three policies one program, +0 FLOPs, and two layers a
+        # region compile lower)
+        differ = self.points[lean].extra_flops > self.points[next_].extra_flops
+        if stored <= 0 or not differ or moved >= FIXED_PEAK_SHARE * stored:
+            return None
+        return (f"{lean} and {next_} per layer store {format_bytes(stored)} apart and compiled "
+                f"{format_bytes(moved)} apart: the step's peak is set by what remat does not touch")
+
+    def half_mix(self) -> HandPlan:
+        """The mix a person writes of JAX's two leanest policies (the first half of the layers
+        `nothing_saveable`, the rest `dots_with_no_batch_dims_saveable`), compiled: where the peak
+        is fixed (`peak_fixed`) XLA still places its programs some bytes apart, and this one
+        may be the lowest (the 1B decoder written per device: 7616 bytes under nothing_saveable's)."""
+        n = len(self.layers)
+        lean, fast = HAND_POLICIES[0], HAND_POLICIES[1]
+        got = self.plan(self._mix(lean, fast, n // 2), f"{n - n // 2} layers {lean}, {n // 2} layers {fast}")
+        self.say(f"hand-written mix, {got.label}: compiled {format_bytes(got.peak)}")
+        self.mixes.append(got)
+        return got
 
     def _fastest_first(self, plans: Sequence[tuple[str, str, Plan]]) -> list:
         """`plans` by the matmul FLOPs their policy recomputes (`policy_layer_flops`), JAX's
@@ -539,7 +582,7 @@ class HandSearch:
         lo = max(below, m.floor, m.fit + 1)
         if lo >= stop:
             return None
-        if m.steps >= MAX_MIX_STEPS:  # past the cap, the counts still open are settled by bisection
+        if m.steps >= MAX_MIX_STEPS or _creeping(m):  # the counts still open, settled by bisection
             return (lo - 1 + stop) // 2
         if m.steps == 0 and self._surely_over(m.lean, m.fast, lo, limit):
             m.dropped = True
@@ -773,6 +816,21 @@ def _known_over(m: _Pair, mixes: Sequence[_Pair]) -> int:
 def _nested(a, b) -> bool:
     """Whether JAX's policy (or no remat: None) `a` stores a subset of what `b` stores, and less."""
     return a in _NESTED and b in _NESTED and _NESTED.index(a) < _NESTED.index(b)
+
+
+def _creeping(m: _Pair) -> bool:
+    """Whether, no count having fitted, the peak fell from the next count compiled over (or
+    `m.fast` alone) to the fewest by less than PLATEAU_RISE of the bytes step a count (the
+    plateau of `_plateau`, seen from above): the step's line then says one fewer fits after
+    every compile.  The 1B decoder written per device at one example a device, at the 9 + 9 mix
+    of dots_with_no_batch_dims_saveable and dots_saveable: 17 to 13 layers of the latter
+    compiled 10.95 to 10.91 GiB, one count a compile, on each of two pairs (docs/FINDINGS.md,
+    thirty-fourth session)."""
+    above = [j for j in m.peaks if j > m.over]
+    if m.fit or m.step is None or not above:
+        return False
+    j = min(above)
+    return m.peaks[j] - m.peaks[m.over] < PLATEAU_RISE * m.step * (j - m.over)
 
 
 def _plateau(m: _Pair) -> bool:

@@ -5,7 +5,10 @@
 1. **hand-written plans** (`hand_plans`, `autoremat/_hand.py`): JAX's built-in policies on every
    layer `graph.find_layers` found (fastest first, up to the first that fits), and the best
    two-policy mix for the budget, compiled.  They bound the answer: it never recomputes more
-   than the best of them that fits.
+   than the best of them that fits.  Where all are over the budget and the two leanest came
+   out nearer together than what they store apart would make them (`HandSearch.peak_fixed`:
+   the peak is set by what remat does not touch), their half-and-half mix is compiled and the
+   search ends there (`settled`), with that reason where nothing fits.
 2. **offload probe** (`probe_offload`): off the CPU, whether offloading lowers the compiled peak
    at all on this backend; planning goes on without it if not.
 3. **solver rounds** (`solver_rounds`): the chain solver's plan for a target, compiled; the
@@ -169,6 +172,7 @@ class PlanSearch:
     curves: dict = field(default_factory=dict)  # `mix_curve`
     lowest_over: bool = False  # `lowest_first` compiled the lowest-peak plan over the budget
     short_chain: bool = False  # `_try_lowest` compiled a lowest-peak plan that could win over the budget
+    fixed: str | None = None  # why the step's peak is out of remat's reach (`HandSearch.peak_fixed`)
     rebuilds: dict = field(default_factory=dict)  # merge -> Future of a rebuilt chain (`start_rebuilds`)
 
     # The budget is the bar on every backend.  A 2.5% margin off the CPU, set when two compiles
@@ -195,6 +199,8 @@ class PlanSearch:
     def _phases(self) -> Planned:
         if self.validate:
             self.hand_plans()
+            if self.fixed is not None:
+                return self.settled()
             self.probe_offload()
             self.lowest_first()
         best = self.solver_rounds()
@@ -431,6 +437,12 @@ class PlanSearch:
                           known=self.hand_known, best_fit=self._best_matmul,
                           presets=maxtext_presets(self.g, self.layers))
         hand.uniform(uniform_plans(self.g, self.layers, self.meta, hand.presets), self.budget)
+        self.fixed = hand.peak_fixed(self.budget)
+        if self.fixed is not None:
+            self.say(f"{self.fixed}: the half-and-half mix of the two is compiled, and nothing more")
+            hand.half_mix()
+            self.twins = self._twin_points(hand.points)
+            return
         key = self.g.traced.signature
         if key not in _LAYER_OPTIONS:  # CP-SAT per distinct layer and cap: once per signature
             _LAYER_OPTIONS[key] = ilp_options(self.g, self.layers)
@@ -607,6 +619,14 @@ class PlanSearch:
                 if peak is not None:
                     self.say(f"  {c.label}, estimated faster: compiled {format_bytes(peak)}, over budget")
         return best
+
+    def settled(self) -> Planned:
+        """Where the step's peak is out of remat's reach (`fixed`): the compiled plan that fits,
+        or the infeasible answer, without the rounds (they would compile for nothing)."""
+        known = _best_compiled(self.sig, self.budget)
+        if known is not None:
+            return self.finish(known)
+        raise self._infeasible(f"; {self.fixed}")
 
     def fallback(self) -> Planned:
         """Phase 5, when no solver plan fits: compile-verified candidates for each way of
@@ -791,12 +811,13 @@ class PlanSearch:
             f"plan); raise the budget to at least {format_bytes(e.lowest)}, or plan with validate=True "
             f"for compiled figures" + self._offload_hint(), budget=self.budget, lowest=e.lowest)
 
-    def _infeasible(self) -> InfeasibleBudgetError:
+    def _infeasible(self, why: str = "") -> InfeasibleBudgetError:
         lowest = min(self.tried.values())
         return InfeasibleBudgetError(
             f"budget {format_bytes(self.budget)} is below what autoremat could reach for {self.meta['function']}: "
             f"the lowest compiled peak it found is {format_bytes(lowest)}; raise the budget to at least "
-            f"{format_bytes(lowest)}" + self._offload_hint() + self._opaque_hint(), budget=self.budget, lowest=lowest)
+            f"{format_bytes(lowest)}" + self._offload_hint() + self._opaque_hint() + why, budget=self.budget,
+            lowest=lowest)
 
     def _opaque_hint(self) -> str:
         """Name what the planner cannot see into, where the step has it."""
