@@ -306,11 +306,10 @@ class HandSearch:
         """Why no plan is likely to come under `limit`, or None: every option compiled is over
         it, and JAX's two leanest policies per layer, compiled to programs that recompute
         differently, came out nearer together than FIXED_PEAK_SHARE of what they store apart, so
-        the peak is set elsewhere (the arguments,
-        their gradients, the outputs).  The 1B decoder written per device at one example a
-        device: the two compiled 680 KiB apart storing GiBs apart, and at the half-and-half mix's
-        peak the search compiled 46 plans in 240 s, all over (docs/FINDINGS.md, thirty-fourth
-        session)."""
+        the peak is set elsewhere (the arguments, their gradients, the outputs).  The 1B decoder
+        written per device at one example a device: the two compiled 680 KiB apart storing 1.34
+        GiB apart, and at the half-and-half mix's peak the search compiled 46 plans in 240 s,
+        all over (docs/FINDINGS.md, thirty-fourth session)."""
         lean, next_ = HAND_POLICIES[0], HAND_POLICIES[1]
         if lean not in self.points or next_ not in self.points or any(p.peak <= limit for p in self.points.values()):
             return None
