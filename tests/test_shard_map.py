@@ -280,7 +280,7 @@ def test_the_runtime_casts_for_the_replay_exactly_where_jax_replays_inputs_cast(
             raised = False
         except ValueError as e:
             raised = "invariant->variant" in str(e)
-    assert raised == replay_casts_inputs()
+        assert raised == replay_casts_inputs()  # asked under remat3, as the runtime asks it
 
 
 def test_a_step_whose_peak_remat_does_not_move_is_answered_without_the_rounds():

@@ -64,7 +64,8 @@ def replay_casts_inputs() -> bool:
 
 def _traced(make, *args):
     """The jaxpr of the function `make()` returns, made and traced on `args` under remat3 (which
-    `jax.checkpoint` reads when it wraps a function), on a thread of its own."""
+    `jax.checkpoint` reads when it wraps a function), on a thread of its own.  The runtime asks
+    only with remat3 on, so the flag is not changed under another thread's trace."""
     old = bool(getattr(jax.config, "jax_remat3", False))
     jax.config.update("jax_remat3", True)
     try:
