@@ -331,7 +331,8 @@ class HandSearch:
         may be the lowest (the 1B decoder written per device: 7616 bytes under nothing_saveable's)."""
         n = len(self.layers)
         lean, fast = HAND_POLICIES[0], HAND_POLICIES[1]
-        got = self.plan(self._mix(lean, fast, n // 2), f"{n - n // 2} layers {lean}, {n // 2} layers {fast}")
+        label = f"{n - n // 2} layers {_name(lean)}, {n // 2} layers {_name(fast)}"
+        got = self.plan(self._mix(lean, fast, n // 2), label)
         self.say(f"hand-written mix, {got.label}: compiled {format_bytes(got.peak)}")
         self.mixes.append(got)
         return got

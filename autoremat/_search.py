@@ -621,12 +621,15 @@ class PlanSearch:
         return best
 
     def settled(self) -> Planned:
-        """Where the step's peak is out of remat's reach (`fixed`): the compiled plan that fits,
-        or the infeasible answer, without the rounds (they would compile for nothing)."""
+        """The end of the search where no phase returned: the best plan compiled in this process
+        for this signature that fits (for another budget, or a hand-written one), or the
+        infeasible answer, with the reason where the step's peak is out of remat's reach
+        (`fixed`: the search ends here after the hand-written plans, the rounds would compile
+        for nothing)."""
         known = _best_compiled(self.sig, self.budget)
         if known is not None:
             return self.finish(known)
-        raise self._infeasible(f"; {self.fixed}")
+        raise self._infeasible("" if self.fixed is None else f"; {self.fixed}")
 
     def fallback(self) -> Planned:
         """Phase 5, when no solver plan fits: compile-verified candidates for each way of
@@ -662,10 +665,7 @@ class PlanSearch:
                          else self._try_pool(variant) if variant != "none" else None)
                 if found is not None:
                     return found
-        known = _best_compiled(self.sig, self.budget)
-        if known is not None:  # compiled for another budget of this signature, and fits this one
-            return self.finish(known)
-        raise self._infeasible()
+        return self.settled()
 
     def _try_lowest(self, low, variant: str) -> Planned | None:
         """The plan of lowest predicted peak (`low`), compiled where it could win and is within
