@@ -306,7 +306,8 @@ def optimize(fn, budget, *, device=None, offload=None, solver: str = "auto", tim
 
     Args:
       fn: a function returning a scalar loss (differentiated w.r.t. `argnums`).
-      budget: peak device memory of the compiled `value_and_grad` step: `"8GB"`, `"7.5GiB"`,
+      budget: peak device memory of the compiled `value_and_grad` step (per device under
+        sharding, each gradient laid out like its argument): `"8GB"`, `"7.5GiB"`,
         `"512MiB"`, an int number of bytes, a float in (0, 1] (fraction of the un-optimized
         peak), or `"auto"` (90% of the device's memory).
       device: device profile name or `DeviceProfile` for the time model (default: detected).

@@ -1,7 +1,8 @@
 """Units below the three stages: parse the memory budgets users write, print bytes for reports.
 
 A budget is the peak device memory of the compiled ``jax.value_and_grad(fn)``
-(see ``docs/FACTS.md`` section 1). Accepted forms:
+(see ``docs/FACTS.md`` section 1; per device under sharding, each gradient laid out like its
+argument: ``runtime._validate.gradient_layouts``). Accepted forms:
 
 - a string with a unit: decimal ``"8GB"`` (KB=10**3, MB=10**6, GB=10**9,
   TB=10**12), binary ``"7.5GiB"``, ``"512MiB"``, ``"64KiB"``, or ``"1024B"``;

@@ -65,7 +65,10 @@ def _compile_divisors(t: Traced, shardings: list) -> dict[tuple, float]:
 
         (_, values), grads = jax.value_and_grad(loss, argnums=tuple(range(len(diff))), has_aux=True)(
             *[flat[i] for i in diff])
-        return values, grads
+        # laid out like their arguments, as the planner's compiled steps lay them out
+        # (`runtime.gradient_layouts`): the backward pass's layout moves the forward values'
+        return values, [g if not _constrainable(shardings[i]) else jax.lax.with_sharding_constraint(g, shardings[i])
+                        for i, g in zip(diff, grads)]
 
     try:
         lowered = jax.jit(step).lower(*args)
@@ -80,6 +83,12 @@ def _compile_divisors(t: Traced, shardings: list) -> dict[tuple, float]:
     factors = [_factor(aval, s) for (_, aval), s in zip(where, out)]
     _compile_cache.store("divisors", key, factors, options)
     return {w: f for (w, _), f in zip(where, factors)}
+
+
+def _constrainable(s) -> bool:
+    """Whether a gradient may be constrained to sharding `s` (None: unsharded; explicit mesh
+    axes: the gradient's type carries it already)."""
+    return s is not None and not any(t == jax.sharding.AxisType.Explicit for t in getattr(s.mesh, "axis_types", ()))
 
 
 def _forward_exposing(closed, flat) -> tuple[list, list, list]:

@@ -20,10 +20,11 @@ import jax
 from autoremat import _compile_cache
 from autoremat._xla import MEMORY_ONLY_CPU_OPTIONS, cpu_flags_active
 from autoremat.graph._costs import jaxpr_cost, jaxpr_matmul_flops
+from autoremat.graph._trace import concrete_sharding
 from autoremat.runtime._plan import Plan
 
 __all__ = ["CompiledStats", "StagedStep", "ValidationReport", "cached_stats", "compile_later", "compile_step",
-           "compiled_stats", "stage_step", "validate"]
+           "compiled_stats", "gradient_layouts", "stage_step", "validate"]
 
 _POOL: ThreadPoolExecutor | None = None  # compiles started ahead (`compile_later`)
 # What the compile cache keeps of a `CompiledStats` (`compile_step`).
@@ -55,8 +56,53 @@ class CompiledStats:
     cached: bool = False  # read from the compile cache (`autoremat._compile_cache`), not compiled here
 
 
-def _value_and_grad(f, argnums, has_aux):
-    return jax.value_and_grad(f, argnums=argnums, has_aux=has_aux)
+def _value_and_grad(f, argnums, has_aux, layouts=None):
+    """`jax.value_and_grad(f)`, each gradient constrained to its argument's sharding where
+    `layouts` (`gradient_layouts`) gives one."""
+    step = jax.value_and_grad(f, argnums=argnums, has_aux=has_aux)
+    if layouts is None:
+        return step
+
+    def laid_out(*args, **kwargs):
+        value, grads = step(*args, **kwargs)
+        return value, jax.tree_util.tree_map(_constrain, grads, layouts)
+
+    return laid_out
+
+
+def _constrain(grad, sharding):
+    if sharding is None or not jax.numpy.issubdtype(grad.dtype, jax.numpy.inexact):
+        return grad
+    return jax.lax.with_sharding_constraint(grad, sharding)
+
+
+def gradient_layouts(args, argnums):
+    """Per differentiated argument leaf, the sharding its gradient is laid out in: the
+    argument's own, as a training step lays it out (its optimizer update runs where the
+    parameter lives; under JAX's explicit sharding a gradient has its argument's sharding by
+    type).  Unconstrained, XLA picks the gradients' layout itself: the 1B decoder under FSDP on
+    8 host devices then returned some whole on every device (0.81 GiB of gradients a device
+    against 0.25 of parameters) and compiled `nothing_saveable` per layer to 5.70 GiB, against
+    5.10 laid out like the parameters (docs/FINDINGS.md, thirty-fifth session).  None where no
+    argument is split over more than one device, or the mesh's axes are explicit."""
+    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    layouts = tuple(jax.tree_util.tree_map(_layout_of, args[i]) for i in nums)
+    if not any(s is not None for s in jax.tree_util.tree_leaves(layouts, is_leaf=lambda x: x is None)):
+        return None
+    return layouts[0] if isinstance(argnums, int) else layouts
+
+
+def _layout_of(x):
+    try:
+        s = getattr(x, "sharding", None)
+    except Exception:  # noqa: BLE001 - a tracer without one: nothing to lay out
+        return None
+    mesh = getattr(s, "mesh", None)
+    if not isinstance(s, jax.sharding.NamedSharding) or mesh is None or mesh.empty or mesh.size == 1:
+        return None
+    if any(t == jax.sharding.AxisType.Explicit for t in getattr(mesh, "axis_types", ())):
+        return None  # the gradient's type carries it
+    return concrete_sharding(s)
 
 
 @dataclass(frozen=True)
@@ -83,7 +129,8 @@ class StagedStep:
 def stage_step(fn, *args, argnums=0, static_argnums=(), has_aux=False, **kwargs) -> StagedStep:
     """The step `compiled_stats` compiles, traced and lowered, with its jaxpr's FLOPs."""
     _warn_without_cpu_flags()
-    step = jax.jit(_value_and_grad(fn, argnums, has_aux), static_argnums=static_argnums)
+    layouts = gradient_layouts(args, argnums)
+    step = jax.jit(_value_and_grad(fn, argnums, has_aux, layouts), static_argnums=static_argnums)
     t0 = time.perf_counter()
     staged = step.trace(*args, **kwargs)
     jaxpr_flops, matmul_flops = jaxpr_cost(staged.jaxpr).flops, jaxpr_matmul_flops(staged.jaxpr)
