@@ -66,7 +66,7 @@ def _compile_divisors(t: Traced, shardings: list) -> dict[tuple, float]:
         (_, values), grads = jax.value_and_grad(loss, argnums=tuple(range(len(diff))), has_aux=True)(
             *[flat[i] for i in diff])
         # laid out like their arguments, as the planner's compiled steps lay them out
-        # (`runtime.gradient_layouts`): the backward pass's layout moves the forward values'
+        # (`runtime._validate.gradient_layouts`): the backward pass's layout moves the forward values'
         return values, [g if not _constrainable(shardings[i]) else jax.lax.with_sharding_constraint(g, shardings[i])
                         for i, g in zip(diff, grads)]
 
