@@ -26,7 +26,7 @@ import numpy as np
 from autoremat import _compile_cache
 from autoremat._xla import MEMORY_ONLY_CPU_OPTIONS
 from autoremat.graph._interpret import eval_eqn, eval_jaxpr, scan_counts
-from autoremat.graph._trace import Traced, concrete_sharding
+from autoremat.graph._trace import Traced, concrete_sharding, gradient_sharding
 
 __all__ = ["propagated_divisors"]
 
@@ -67,7 +67,7 @@ def _compile_divisors(t: Traced, shardings: list) -> dict[tuple, float]:
             *[flat[i] for i in diff])
         # laid out like their arguments, as the planner's compiled steps lay them out
         # (`runtime._validate.gradient_layouts`): the backward pass's layout moves the forward values'
-        return values, [g if not _constrainable(shardings[i]) else jax.lax.with_sharding_constraint(g, shardings[i])
+        return values, [g if (s := gradient_sharding(shardings[i])) is None else jax.lax.with_sharding_constraint(g, s)
                         for i, g in zip(diff, grads)]
 
     try:
@@ -83,12 +83,6 @@ def _compile_divisors(t: Traced, shardings: list) -> dict[tuple, float]:
     factors = [_factor(aval, s) for (_, aval), s in zip(where, out)]
     _compile_cache.store("divisors", key, factors, options)
     return {w: f for (w, _), f in zip(where, factors)}
-
-
-def _constrainable(s) -> bool:
-    """Whether a gradient may be constrained to sharding `s` (None: unsharded; explicit mesh
-    axes: the gradient's type carries it already)."""
-    return s is not None and not any(t == jax.sharding.AxisType.Explicit for t in getattr(s.mesh, "axis_types", ()))
 
 
 def _forward_exposing(closed, flat) -> tuple[list, list, list]:

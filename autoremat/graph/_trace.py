@@ -315,6 +315,18 @@ def concrete_sharding(s):
     return jax.sharding.NamedSharding(jax.sharding.Mesh(grid, mesh.axis_names, axis_types=mesh.axis_types), s.spec)
 
 
+def gradient_sharding(s):
+    """The sharding a gradient of a value sharded as `s` is constrained to (`runtime._validate.gradient_layouts`):
+    `s` made concrete (`concrete_sharding`); None where there is nothing to constrain: no named sharding, one
+    device, or explicit mesh axes (the gradient's type carries its sharding already)."""
+    if not isinstance(s, jax.sharding.NamedSharding):
+        return None
+    s = concrete_sharding(s)
+    if s is None or any(t == jax.sharding.AxisType.Explicit for t in getattr(s.mesh, "axis_types", ())):
+        return None
+    return s
+
+
 def check_reverse_mode(t: Traced, fn_name: str = "fn") -> None:
     """Raises UnsupportedFunctionError if `jax.grad` cannot differentiate the traced function.
 

@@ -20,7 +20,7 @@ import jax
 from autoremat import _compile_cache
 from autoremat._xla import MEMORY_ONLY_CPU_OPTIONS, cpu_flags_active
 from autoremat.graph._costs import jaxpr_cost, jaxpr_matmul_flops
-from autoremat.graph._trace import concrete_sharding
+from autoremat.graph._trace import gradient_sharding
 from autoremat.runtime._plan import Plan
 
 __all__ = ["CompiledStats", "StagedStep", "ValidationReport", "cached_stats", "compile_later", "compile_step",
@@ -97,12 +97,7 @@ def _layout_of(x):
         s = getattr(x, "sharding", None)
     except Exception:  # noqa: BLE001 - a tracer without one: nothing to lay out
         return None
-    mesh = getattr(s, "mesh", None)
-    if not isinstance(s, jax.sharding.NamedSharding) or mesh is None or mesh.empty or mesh.size == 1:
-        return None
-    if any(t == jax.sharding.AxisType.Explicit for t in getattr(mesh, "axis_types", ())):
-        return None  # the gradient's type carries it
-    return concrete_sharding(s)
+    return gradient_sharding(s)
 
 
 @dataclass(frozen=True)
