@@ -2,13 +2,16 @@
 
 Issue 14 asks for an infeasible answer within 60 s at 1B parameters, and for the lowest peak it
 reports to be at most per-layer `nothing_saveable`'s (the leanest plan a person writes).  For
-each `realscale.py` model this compiles `nothing_saveable` per layer by hand, then plans at 80%
-of that compiled peak in a fresh process (nothing compiled before: the time a user waits who
-asks for too little first), and records the planning time, the whole-step compiles it made,
-and the lowest compiled peak the `InfeasibleBudgetError` names (or the plan, if one fits).
+each `realscale.py` model (and, as `model:layout:batch scale`, `sharded.py`'s layouts on its
+8-device host mesh and `unseen.py`'s models) this compiles `nothing_saveable` per layer by
+hand, then plans at 80% of that compiled peak in a fresh process (nothing compiled before: the
+time a user waits who asks for too little first), and records the planning time, the
+whole-step compiles it made, and the lowest compiled peak the `InfeasibleBudgetError` names
+(or the plan, if one fits).
 
-    .venv/bin/python benchmarks/infeasible.py                  # all realscale.py models (~6 min)
+    .venv/bin/python benchmarks/infeasible.py                  # every model below (~10 min)
     .venv/bin/python benchmarks/infeasible.py --models llama   # one
+    .venv/bin/python benchmarks/infeasible.py --models moe:fsdp:8 llama1b:dp:1   # sharded ones
 
 Writes `benchmarks/results/infeasible.md`.
 """
@@ -27,20 +30,36 @@ GiB = 2**30
 FRACTION = 0.8  # of nothing_saveable per layer's compiled peak
 
 
-def one(name: str) -> dict:
+def one(spec: str) -> dict:
     """In this process (`main` put this folder on the path): the hand-written peak, then the
-    planner at FRACTION of it."""
+    planner at FRACTION of it.  `spec`: model[:layout[:batch scale]]."""
+    import importlib
+
+    parts = spec.split(":")
+    name, layout, scale = parts[0], (parts[1:] or [""])[0], (parts[2:] or ["1"])[0]
+    sharded = importlib.import_module("sharded") if layout else None  # sets the host mesh first
     import autoremat
 
     autoremat.configure_cpu_flags()
+    import _unseen
     import realscale
     from autoremat import _search
     from autoremat._errors import InfeasibleBudgetError
     from autoremat._optimize import plan_for
     from autoremat.runtime._validate import compiled_stats
 
-    fn, args, _, n = realscale.make_model(name)
-    hand_fn, hand_args, _, _ = realscale.make_model(name, ["nothing_saveable"] * n)
+    realscale.scale_batches(int(scale))
+    _unseen.scale_batches(int(scale))
+
+    def model(pols=None):
+        fn, args, _, n = realscale.make_model(name, pols)
+        if not layout:
+            return fn, args, {}, n
+        args, shardings = sharded.sharded(layout, *args, generic=name in sharded.GENERIC)
+        return sharded.per_device(layout, fn), args, {"in_shardings": shardings}, n
+
+    fn, args, kw, n = model()
+    hand_fn, hand_args, _, _ = model(["nothing_saveable"] * n)
     hand = compiled_stats(hand_fn, *hand_args).peak_bytes
     compiles = []
     counted = _search.compile_step
@@ -48,13 +67,13 @@ def one(name: str) -> dict:
     budget = int(FRACTION * hand)
     t0 = time.perf_counter()
     try:
-        planned = plan_for(fn, budget, args, progress=lambda m: print(f"  {time.perf_counter() - t0:6.1f} {m}",
+        planned = plan_for(fn, budget, args, **kw, progress=lambda m: print(f"  {time.perf_counter() - t0:6.1f} {m}",
                                                                       file=sys.stderr, flush=True))
         out = {"status": "fits", "peak": planned.plan.meta.get("compiled_peak"),
                "found_by": planned.plan.meta.get("found_by", "")}
     except InfeasibleBudgetError as e:
         out = {"status": "infeasible", "peak": e.lowest, "found_by": ""}
-    return {**out, "name": name, "hand": hand, "budget": budget, "time": time.perf_counter() - t0,
+    return {**out, "name": spec, "hand": hand, "budget": budget, "time": time.perf_counter() - t0,
             "compiles": len(compiles)}
 
 
@@ -63,7 +82,9 @@ def main(argv=None) -> int:
     from _thirdparty import BUILDERS
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    every = ["llama", "llama_scan", "gpt", "gpt_scan", *BUILDERS]
+    # sharded: the per-device decoder whose peak remat does not move, and two unseen models whose
+    # policies compile near together under FSDP (results/peak_sensitivity.md)
+    every = ["llama", "llama_scan", "gpt", "gpt_scan", *BUILDERS, "llama1b:dp:1", "moe:fsdp:8", "alternating:fsdp:8"]
     ap.add_argument("--models", nargs="+", default=every)
     ap.add_argument("--one", help=argparse.SUPPRESS)  # the child process's model
     ap.add_argument("--out", default=os.path.join(HERE, "results", "infeasible.md"))

@@ -1142,3 +1142,30 @@ def test_a_mix_search_past_its_step_cap_is_finished_by_bisection():
     assert hand._next_of(m, bound=10721e9, limit=peaks[5], stop=7) == 6
     m.fit = 6
     assert hand._next_of(m, bound=10721e9, limit=peaks[5], stop=7) is None  # settled: 6 fits, 7 is over
+
+
+def test_a_peak_the_two_leanest_policies_call_fixed_is_fixed_only_if_the_lowest_plan_agrees():
+    """The mixture-of-experts decoder under FSDP (benchmarks/results/peak_sensitivity.md at
+    1b06df9): nothing_saveable and dots_with_no_batch_dims_saveable per layer compile 24 MiB apart
+    (4.76 and 4.74 GiB) while storing 513 MiB apart, a share under FIXED_PEAK_SHARE, yet the plan
+    of lowest predicted peak compiled to 4.49 GiB and a uniform plan to 4.09: the peak moves.  On
+    the 1B decoder written per device at one example a device nothing compiles lower."""
+    from types import SimpleNamespace
+
+    from autoremat.graph._layers import Layer
+
+    gib, mib, lean, fast = 2**30, 2**20, "nothing_saveable", "dots_with_no_batch_dims_saveable"
+    hand = _hand.HandSearch(SimpleNamespace(traced=None), [Layer(i, i + 1, "k") for i in range(8)], None, None,
+                            lambda m: None)
+    hand.points = {None: _hand.HandPlan("no remat", None, int(23.95 * gib), 0.0),
+                   lean: _hand.HandPlan(lean, None, int(4.76 * gib), 35.19e12),
+                   fast: _hand.HandPlan(fast, None, int(4.74 * gib), 30.79e12),
+                   "dots_saveable": _hand.HandPlan("dots_saveable", None, int(7.63 * gib), 0.0)}
+    hand.saved_bytes = {lean: 0, fast: 513 * mib, "dots_saveable": 2 * gib}
+    assert hand.peak_fixed(int(4.6 * gib)) is not None  # the screen fires
+    assert hand.peak_fixed(int(4.75 * gib)) is None  # one fits: nothing to settle
+    hand.mixes.append(_hand.HandPlan("4 + 4", None, int(4.73 * gib), 33e12))
+    assert hand.peak_moves(int(4.49 * gib))
+    assert not hand.peak_moves(int(4.73 * gib) - 1 * mib)  # a MiB under the mix is XLA's placement
+    hand.mixes.append(_hand.HandPlan("predicted", None, int(4.0 * gib), 33e12, compiled=False))
+    assert hand.peak_moves(int(4.49 * gib))  # a peak only predicted is not a compiled one

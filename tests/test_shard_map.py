@@ -288,7 +288,8 @@ def test_a_step_whose_peak_remat_does_not_move_is_answered_without_the_rounds():
     policies per layer and no remat all compile to one peak (within bytes), though
     dots_with_no_batch_dims_saveable stores 192 KiB more than nothing_saveable.  Below it the
     search compiled 40-odd plans, all over (1B decoder, one example a device: 46 in 240 s); now
-    the half-and-half mix, then the answer, with the reason (`HandSearch.peak_fixed`)."""
+    the half-and-half mix and the plan of lowest predicted peak, no lower, then the answer, with
+    the reason (`HandSearch.peak_fixed`, `PlanSearch.peak_moves`)."""
     from autoremat._errors import InfeasibleBudgetError
     from autoremat._optimize import plan_for
     mesh = jax.make_mesh((4,), ("data",))
@@ -313,3 +314,4 @@ def test_a_step_whose_peak_remat_does_not_move_is_answered_without_the_rounds():
     assert e.value.lowest > none - 4096
     assert not any(m.lstrip().startswith(("trying", "round")) for m in said), said
     assert sum(m.startswith("hand-written") for m in said) == 4  # three policies and the mix
+    assert any(m.lstrip().startswith("lowest predicted peak") and m.endswith("no lower") for m in said), said
