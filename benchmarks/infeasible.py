@@ -9,7 +9,7 @@ time a user waits who asks for too little first), and records the planning time,
 whole-step compiles it made, and the lowest compiled peak the `InfeasibleBudgetError` names
 (or the plan, if one fits).
 
-    .venv/bin/python benchmarks/infeasible.py                  # every model below (~10 min)
+    .venv/bin/python benchmarks/infeasible.py                  # every model below (~7 min)
     .venv/bin/python benchmarks/infeasible.py --models llama   # one
     .venv/bin/python benchmarks/infeasible.py --models moe:fsdp:8 llama1b:dp:1   # sharded ones
 
@@ -82,9 +82,11 @@ def main(argv=None) -> int:
     from _thirdparty import BUILDERS
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    # sharded: the per-device decoder whose peak remat does not move, and two unseen models whose
-    # policies compile near together under FSDP (results/peak_sensitivity.md)
-    every = ["llama", "llama_scan", "gpt", "gpt_scan", *BUILDERS, "llama1b:dp:1", "moe:fsdp:8", "alternating:fsdp:8"]
+    # sharded (sharded.py's 8 host devices): the 1B decoder under FSDP and FSDP x TP, the per-device
+    # decoder whose peak remat does not move, and three unseen models, two of whose policies compile
+    # near together under FSDP (results/peak_sensitivity.md)
+    every = ["llama", "llama_scan", "gpt", "gpt_scan", *BUILDERS, "llama1b:fsdp", "llama1b:fsdp_tp", "llama1b:dp:1",
+             "moe:fsdp:8", "alternating:fsdp:8", "penzai:fsdp:8"]
     ap.add_argument("--models", nargs="+", default=every)
     ap.add_argument("--one", help=argparse.SUPPRESS)  # the child process's model
     ap.add_argument("--out", default=os.path.join(HERE, "results", "infeasible.md"))
