@@ -597,9 +597,7 @@ class HandSearch:
         lo = max(below, m.floor, m.fit + 1)
         if lo >= stop:
             return None
-        if _creeping(m):  # a plateau seen from above: the fewest count (over, so is every count)
-            return lo
-        if m.steps >= MAX_MIX_STEPS:  # the counts still open, settled by bisection
+        if m.steps >= MAX_MIX_STEPS or _creeping(m):  # the counts still open, settled by bisection
             return (lo - 1 + stop) // 2
         if m.steps == 0 and self._surely_over(m.lean, m.fast, lo, limit):
             m.dropped = True
@@ -839,14 +837,10 @@ def _creeping(m: _Pair) -> bool:
     """Whether, no count having fitted, the peak fell from the next count compiled over (or
     `m.fast` alone) to the fewest by less than PLATEAU_RISE of the bytes step a count (the
     plateau of `_plateau`, seen from above): the step's line then says one fewer fits after
-    every compile, and bisecting the counts still open walks down the plateau a compile at a
-    time too, so the fewest count is compiled next (`HandSearch._next_of`): over, the pair is
-    settled (a mix's peak grows with its count); fitting, the counts above it are searched.
-    The 1B decoder written per device at one example a device, at the 9 + 9 mix of
-    dots_with_no_batch_dims_saveable and dots_saveable: 17 to 13 layers of the latter compiled
-    10.95 to 10.91 GiB, one count a compile, on each of two pairs (docs/FINDINGS.md,
-    thirty-fourth session); bisecting, the pair of the solver's set and dots_saveable compiled
-    17, 8, 4, 2 and 1, all over (10.95 to 10.89 GiB; thirty-sixth session)."""
+    every compile.  The 1B decoder written per device at one example a device, at the 9 + 9 mix
+    of dots_with_no_batch_dims_saveable and dots_saveable: 17 to 13 layers of the latter
+    compiled 10.95 to 10.91 GiB, one count a compile, on each of two pairs (docs/FINDINGS.md,
+    thirty-fourth session)."""
     above = [j for j in m.peaks if j > m.over]
     if m.fit or m.step is None or not above:
         return False

@@ -1169,30 +1169,3 @@ def test_a_peak_the_two_leanest_policies_call_fixed_is_fixed_only_if_the_lowest_
     assert not hand.peak_moves(int(4.73 * gib) - 1 * mib)  # a MiB under the mix is XLA's placement
     hand.mixes.append(_hand.HandPlan("predicted", None, int(4.0 * gib), 33e12, compiled=False))
     assert hand.peak_moves(int(4.49 * gib))  # a peak only predicted is not a compiled one
-
-
-def test_a_mix_creeping_down_a_plateau_from_above_tries_its_fewest_count_next():
-    """The 1B decoder written per device at one example a device (benchmarks/budget_log.py --model
-    llama1b --layout dp --only "9 dots_with"), at 10.87 GiB: the solver's set (309 GFLOP) mixed with
-    dots_saveable (10.95 GiB alone) compiled 17 layers of the latter to 10.95 GiB, where the bytes
-    step said 10.87; bisecting then compiled 8, 4, 2 and 1, all over.  The peak fell by nothing
-    from 18 to 17, so the fewest count goes next: over, the pair is done in two compiles."""
-    from types import SimpleNamespace
-
-    from autoremat.graph._layers import Layer
-
-    gib, n, lean, fast = 2**30, 18, "ilp@dots_with_no_batch_dims_saveable", "dots_saveable"
-    hand = _hand.HandSearch(SimpleNamespace(traced=None), [Layer(i, i + 1, "k") for i in range(n)], None, None,
-                            lambda m: None)
-    hand.points = {lean: _hand.HandPlan(lean, None, int(10.88 * gib), 309e9, compiled=False),
-                   fast: _hand.HandPlan(fast, None, int(10.95 * gib), 0.0)}
-    limit, step = int(10.87 * gib), 0.08 * gib
-    peaks = {0: int(10.88 * gib), 17: int(10.95 * gib), n: int(10.95 * gib)}
-    m = _hand._Pair(lean, fast, floor=1, over=17, line=lambda k: peaks[n] - (n - k) * step, peaks=peaks,
-                    steps=1, lean_compiled=False, step=step)
-    assert hand._next_of(m, bound=618e9, limit=limit, stop=17) == 1  # bisection said 8
-    m.over, m.peaks[1], m.steps = 1, int(10.89 * gib), 2
-    assert hand._next_of(m, bound=618e9, limit=limit, stop=1) is None  # settled: the fewest is over
-    m = _hand._Pair(lean, fast, floor=1, over=17, line=lambda k: peaks[n] - (n - k) * step,
-                    peaks={0: peaks[0], 17: int(10.70 * gib), n: peaks[n]}, steps=1, lean_compiled=False, step=step)
-    assert hand._next_of(m, bound=618e9, limit=limit, stop=17) != 1  # the peak falls a step a count: no plateau
