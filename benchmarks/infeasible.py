@@ -120,7 +120,9 @@ def _write(out: str, models: str, rows: list, minutes: float) -> None:
              f"Budget: {FRACTION:.0%} of `nothing_saveable` per layer's compiled peak (argument + output + temp - "
              "alias of the compiled `value_and_grad` step), planned in a fresh process. 'lowest': the lowest "
              "compiled peak the planner found (named by its `InfeasibleBudgetError`), against the hand-written "
-             "plan's; 'compiles': the whole-step compiles it made (the un-optimized step's not counted).", "",
+             "plan's; 'compiles': the whole-step compiles it made (the un-optimized step's not counted). A row "
+             "`model:layout:scale` is sharded.py's layout on its 8-device host mesh (peaks per device), the "
+             "model's batch times the scale.", "",
              "| model | nothing_saveable per layer GiB | budget GiB | answer | lowest GiB | lowest / hand | "
              "planning s | compiles |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
