@@ -463,7 +463,7 @@ class PlanSearch:
         mixture-of-experts decoder under FSDP at 4.6 GiB: the two leanest policies compiled 24
         MiB apart (4.74 and 4.76 GiB), the lowest-peak plan 4.49, a uniform plan 4.09
         (benchmarks/budget_log.py --model moe --layout fsdp --batch-scale 8 --budget 4.6)."""
-        how = "lowest predicted peak, blocks merged next"
+        how = _lowest_how("next")
         peak = self.compile_peak(lowest_peak_segments(self.model.problem), how)
         moves = hand.peak_moves(peak)
         self.say(f"  {how}: compiled {format_bytes(peak)}"
@@ -554,7 +554,7 @@ class PlanSearch:
         if not self.twins or _best_compiled(self.sig, self.budget) is not None:
             return
         self.start_rebuilds()  # the fallback's, likely needed now: built while this compiles
-        how = "lowest predicted peak, blocks merged next"  # `_try_lowest`'s, so compiled once
+        how = _lowest_how("next")  # `_try_lowest`'s and `peak_moves`': one plan, one label
         peak = self.compile_peak(lowest_peak_segments(self.model.problem), how)
         self.lowest_over = peak > self.budget
         self.say(f"  {how}: compiled {format_bytes(peak)}, {'over budget' if self.lowest_over else 'fits'}")
@@ -697,7 +697,7 @@ class PlanSearch:
         its per-stage dots_with_no_batch_dims_saveable's 9.1 MiB (+0.67 GFLOP): this chain's
         lowest compiled to 10.3 MiB, and the chain with every cut kept gave 8.6 MiB and +0.40
         (benchmarks/run.py, cpu.md)."""
-        how = f"lowest predicted peak, blocks merged {variant}"
+        how = _lowest_how(variant)
         if self.can_win(low) and (not self.tried or self.in_reach(low)):
             peak = self.compile_peak(low, how)
             if peak <= self.budget:
@@ -902,6 +902,11 @@ class _Steer:
             if slope > 0.05:
                 step = min(step, int(p2 - (c2 - budget) / slope) - max(1, budget // 200))
         return step if step > 0 else None
+
+
+def _lowest_how(variant: str) -> str:
+    """The label of the plan of lowest predicted peak on the chain whose blocks merge `variant`."""
+    return f"lowest predicted peak, blocks merged {variant}"
 
 
 def _rounds(history: list) -> list:
