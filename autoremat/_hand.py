@@ -319,7 +319,7 @@ class HandSearch:
         lean, next_ = HAND_POLICIES[0], HAND_POLICIES[1]
         if lean not in self.points or next_ not in self.points or any(p.peak <= limit for p in self.points.values()):
             return None
-        stored = self.saved_bytes[next_] - self.saved_bytes[lean]
+        stored = self._stored_apart()
         moved = abs(self.points[next_].peak - self.points[lean].peak)
         # two programs that recompute alike tell nothing (the 4-layer MLP chain of
         # tests/test_optimize.py: all three policies one program, +0 FLOPs, and two layers a
@@ -334,10 +334,12 @@ class HandSearch:
         """Whether a plan that compiled to `peak` lies under every hand-written plan compiled by
         at least FIXED_PEAK_SHARE of what JAX's two leanest policies per layer store apart: then
         remat does move the step's peak, whatever `peak_fixed` inferred from the two."""
-        lean, next_ = HAND_POLICIES[0], HAND_POLICIES[1]
-        stored = self.saved_bytes[next_] - self.saved_bytes[lean]
         lowest = min(p.peak for p in (*self.points.values(), *self.mixes) if p.compiled and p.peak is not None)
-        return lowest - peak >= FIXED_PEAK_SHARE * stored
+        return lowest - peak >= FIXED_PEAK_SHARE * self._stored_apart()
+
+    def _stored_apart(self) -> int:
+        """The bytes JAX's second-leanest policy per layer stores beyond the leanest's."""
+        return self.saved_bytes[HAND_POLICIES[1]] - self.saved_bytes[HAND_POLICIES[0]]
 
     def half_mix(self) -> HandPlan:
         """The mix a person writes of JAX's two leanest policies (the first half of the layers
