@@ -34,6 +34,11 @@ description, layers), as `_thirdparty.py`'s do.
 * `inner_checkpoint`: a decoder whose author wrapped the attention core (scores, softmax, the
   product with v) in `jax.checkpoint`, as people do to save the S x S scores; the hand-written
   policies per layer go around that.  `inner_checkpoint_scan`: its layers in a scan over layers.
+* `mixed`: a Llama-style decoder trained in mixed precision, as flax's `param_dtype=float32,
+  dtype=bfloat16` and MaxText's `weight_dtype` train: float32 master weights, each layer casting
+  its own to bfloat16 where it uses them, so every layer's bf16 weight copies are values the
+  backward pass may keep or recompute; its layers unrolled, or in a scan over layers as MaxText runs
+  them (`mixed_scan`).
 """
 
 from __future__ import annotations
@@ -640,13 +645,62 @@ def inner_checkpoint_scan(policies=None, prevent_cse=True):
             d["L"])
 
 
+# -- mixed precision: float32 master weights, each layer computing in bfloat16 -------------------
+MIXED = dict(L=12, D=2048, H=16, F=5632, V=32000, S=2048, B=4)
+
+
+def mixed(policies=None, prevent_cse=True):
+    from realscale import _llama_shapes, llama_layer, rms
+    d = MIXED
+    f32 = jnp.float32
+    one = {k: sd(s, f32) for k, s in _llama_shapes(d["D"], d["F"]).items()}
+    params = {"embed": sd((d["V"], d["D"]), f32), "layers": [dict(one) for _ in range(d["L"])],
+              "ln_f": sd((d["D"],), f32), "head": sd((d["D"], d["V"]), f32)}
+    pols = list(policies) if policies is not None else [None] * d["L"]
+
+    def block(h, p):  # the casts inside the layer, as a layer with dtype=bfloat16 makes them
+        return llama_layer(h, jax.tree.map(lambda w: w.astype(bf), p), d["H"])
+
+    def loss(params, tokens):
+        h = params["embed"].astype(bf)[tokens]
+        for p, pol in zip(params["layers"], pols):
+            h = _wrap(block, pol, prevent_cse)(h, p)
+        return _xent(rms(h, params["ln_f"].astype(bf)) @ params["head"].astype(bf), tokens)
+    return loss, (params, sd((d["B"], d["S"]), jnp.int32)), _mixed_desc("layers unrolled"), d["L"]
+
+
+def mixed_scan(policies=None, prevent_cse=True):
+    from realscale import _llama_shapes, llama_layer, rms
+    d = MIXED
+    f32 = jnp.float32
+    stacked = {k: sd((d["L"], *s), f32) for k, s in _llama_shapes(d["D"], d["F"]).items()}
+    params = {"embed": sd((d["V"], d["D"]), f32), "layers": stacked, "ln_f": sd((d["D"],), f32),
+              "head": sd((d["D"], d["V"]), f32)}
+    pol = (policies or [None])[0]
+
+    def body(h, p):
+        return llama_layer(h, jax.tree.map(lambda w: w.astype(bf), p), d["H"]), None
+
+    def loss(params, tokens):
+        h, _ = jax.lax.scan(_wrap(body, pol, prevent_cse), params["embed"].astype(bf)[tokens], params["layers"])
+        return _xent(rms(h, params["ln_f"].astype(bf)) @ params["head"].astype(bf), tokens)
+    return loss, (params, sd((d["B"], d["S"]), jnp.int32)), _mixed_desc("scan over layers"), d["L"]
+
+
+def _mixed_desc(how: str) -> str:
+    d = MIXED
+    return (f"Llama-style decoder in mixed precision (float32 weights, bfloat16 compute; {how}): {d['L']} "
+            f"layers, d_model {d['D']}, d_ff {d['F']}, seq {d['S']}, batch {d['B']}")
+
+
 def scale_batches(k: int) -> None:
     """Every model's batch times `k` (as `realscale.scale_batches`)."""
-    for d, key in ((MOE, "B"), (UNET, "batch"), (ED, "B"), (VIT, "batch"), (ALT, "B"), (PZ, "B"), (SCANS, "B"), (SSD, "B"), (FA, "B"), (CK, "B")):
+    for d, key in ((MOE, "B"), (UNET, "batch"), (ED, "B"), (VIT, "batch"), (ALT, "B"), (PZ, "B"), (SCANS, "B"), (SSD, "B"), (FA, "B"), (CK, "B"), (MIXED, "B")):
         d[key] *= k
 
 
 BUILDERS = {"moe": moe, "unet": unet, "encdec": encdec, "vit_nnx": vit_nnx, "alternating": alternating,
             "penzai": penzai, "penzai_scan": penzai_scan, "nnx_scan": nnx_scan, "equinox_scan": equinox_scan,
             "ssd": ssd, "ssd_scan": ssd_scan, "vjp_attention": vjp_attention,
-            "inner_checkpoint": inner_checkpoint, "inner_checkpoint_scan": inner_checkpoint_scan}
+            "inner_checkpoint": inner_checkpoint, "inner_checkpoint_scan": inner_checkpoint_scan,
+            "mixed": mixed, "mixed_scan": mixed_scan}
