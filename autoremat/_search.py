@@ -60,8 +60,8 @@ __all__ = ["PlanSearch", "Planned", "mix_curve", "start_first_hand_plans"]
 
 # When a compiled plan leaves more than RAISE_SLACK of the budget unused (the model
 # over-predicted), the solver is asked again with the target raised by the unused part; if
-# that overshoots, the target is bisected between the last fitting and the overshooting one
-# (at most MAX_RAISES extra compiles in all).
+# that overshoots, the next target lies between the last fitting and the overshooting one
+# (`_Steer._between`; at most MAX_RAISES extra compiles in all).
 RAISE_SLACK = 0.02
 MAX_RAISES = 4
 # After the solver's plan, at most MAX_UNIFORM_CHECKS faster uniform plans predicted within
@@ -862,31 +862,51 @@ class _Steer:
     def __init__(self, budget: int):
         self.budget = budget
         self.raised, self.fit_target, self.over_target = 0, 0, None
+        self.fit_point = self.over_point = None  # (predicted, compiled) of the plans at those targets
 
     def next(self, target: int, compiled: int, objective: float, have_fit: bool, history: list) -> int | None:
         budget = self.budget
+        point = (history[-1]["predicted"], compiled) if history else (target, compiled)
         if compiled <= budget:
             # The model over-predicted: the compiled plan leaves memory unused.  Ask the
             # solver for a plan predicted up to that much higher (a few times at most); the
             # fastest plan that compiles within the budget wins.
             slack = budget - compiled
-            self.fit_target = max(self.fit_target, target)
+            if target >= self.fit_target:
+                self.fit_target, self.fit_point = target, point
             if self.raised >= MAX_RAISES or slack <= RAISE_SLACK * budget or objective <= 0:
                 return None
             over = self.over_target
-            nxt = target + slack if over is None else (self.fit_target + over) // 2
+            nxt = target + slack if over is None else self._between()
             if nxt <= target or (over is not None and over - self.fit_target <= RAISE_SLACK * budget):
                 return None
             self.raised += 1
             return nxt
         if have_fit:
-            # A raised target overshot: bisect between the highest target that fitted and it.
-            self.over_target = target if self.over_target is None else min(self.over_target, target)
+            # A raised target overshot: aim between the highest target that fitted and it.
+            if self.over_target is None or target < self.over_target:
+                self.over_target, self.over_point = target, point
             if self.raised >= MAX_RAISES or self.over_target - self.fit_target <= RAISE_SLACK * budget:
                 return None
             self.raised += 1
-            return (self.fit_target + self.over_target) // 2
+            return self._between()
         return self._step_down(target, compiled, history)
+
+    def _between(self) -> int:
+        """A target strictly between the highest that fitted and the lowest that overshot: where
+        the line through their plans' (predicted, compiled) peaks meets the budget less the
+        margin `_step_down` leaves, or the middle where that line does not rise.  Compiled peaks
+        follow predicted ones nearly on a line between two such plans, while the middle may land
+        far below the budget and take more rounds: the mixed-precision decoder under FSDP at
+        `nothing_saveable`'s 7.09 GiB (`benchmarks/budget_log.py --model mixed --layout fsdp
+        --batch-scale 8`), predicted 3.97 / 4.71 GiB, compiled 6.35 / 7.10; bisecting took three
+        more rounds (6.68, 6.92, 7.00 GiB), where that line says 4.67 for 7.06."""
+        mid = (self.fit_target + self.over_target) // 2
+        (p0, c0), (p1, c1) = self.fit_point, self.over_point
+        if p1 <= p0 or c1 <= c0:
+            return mid
+        aim = p0 + (self.budget - max(1, self.budget // 200) - c0) * (p1 - p0) / (c1 - c0)
+        return int(min(max(aim, self.fit_target + 1), self.over_target - 1))
 
     def _step_down(self, target: int, compiled: int, history: list) -> int | None:
         """The model under-predicted: ask the solver for less.  After two over-budget rounds,

@@ -182,6 +182,31 @@ def test_over_prediction_raises_the_target(mlp, monkeypatch):
     assert _max_rel(jax.grad(loss)(ws, x), g) <= 1e-6
 
 
+def test_a_raised_target_that_overshoots_is_followed_by_the_line_through_both_plans():
+    """After a round that fits and a raised one that overshoots, the next target is where the
+    line through the two plans' predicted and compiled peaks meets the budget less a 0.5%
+    margin (the mixed-precision decoder under FSDP: predicted 3.97 / 4.71 GiB compiled to
+    6.35 / 7.10 against 7.09, where bisecting took three more rounds), inside the bracket; the
+    middle where the overshooting plan was predicted lower."""
+    from autoremat._search import _Steer
+    G = 2**30
+    budget = int(7.09 * G)
+
+    def run(first, second):
+        steer, history = _Steer(budget), []
+        for target, (predicted, compiled) in ((int(3.97 * G), first), (int(4.71 * G), second)):
+            history.append({"target": target, "predicted": predicted, "compiled": compiled})
+            nxt = steer.next(target, compiled, 1.0, compiled > budget, history)
+        return nxt
+
+    nxt = run((int(3.97 * G), int(6.35 * G)), (int(4.71 * G), int(7.10 * G)))
+    slope = (7.10 - 6.35) / (4.71 - 3.97)
+    assert nxt == pytest.approx((3.97 + (7.09 * 0.995 - 6.35) / slope) * G, rel=1e-3)
+    assert int(3.97 * G) < nxt < int(4.71 * G) and nxt > (int(3.97 * G) + int(4.71 * G)) // 2
+    falls = run((int(3.97 * G), int(6.35 * G)), (int(3.90 * G), int(7.10 * G)))  # predicted lower: middle
+    assert falls == (int(3.97 * G) + int(4.71 * G)) // 2
+
+
 def test_report_is_readable(mlp):
     loss, ws, x, _ = mlp
     text = autoremat.optimize(loss, budget=0.8).report(ws, x)
