@@ -892,10 +892,15 @@ class _Steer:
             return self._between()
         return self._step_down(target, compiled, history)
 
+    def margin(self) -> int:
+        """How far under the budget a target read off a line aims: 0.5% of it, as the step down
+        has since the rounds were written (not re-measured)."""
+        return max(1, self.budget // 200)
+
     def _between(self) -> int:
         """A target strictly between the highest that fitted and the lowest that overshot: where
         the line through their plans' (predicted, compiled) peaks meets the budget less the
-        margin `_step_down` leaves, or the middle where that line does not rise.  Compiled peaks
+        `margin`, or the middle where that line does not rise.  Compiled peaks
         follow predicted ones nearly on a line between two such plans, while the middle may land
         far below the budget and take more rounds: the mixed-precision decoder under FSDP at
         `nothing_saveable`'s 7.09 GiB (`benchmarks/budget_log.py --model mixed --layout fsdp
@@ -905,7 +910,7 @@ class _Steer:
         (p0, c0), (p1, c1) = self.fit_point, self.over_point
         if p1 <= p0 or c1 <= c0:
             return mid
-        aim = p0 + (self.budget - max(1, self.budget // 200) - c0) * (p1 - p0) / (c1 - c0)
+        aim = p0 + (self.budget - self.margin() - c0) * (p1 - p0) / (c1 - c0)
         return int(min(max(aim, self.fit_target + 1), self.over_target - 1))
 
     def _step_down(self, target: int, compiled: int, history: list) -> int | None:
@@ -915,12 +920,12 @@ class _Steer:
         overshoot."""
         budget = self.budget
         over = [h for h in history if h["compiled"] > budget]
-        step = target - (compiled - budget) - max(1, budget // 200)
+        step = target - (compiled - budget) - self.margin()
         if len(over) >= 2 and over[-2]["predicted"] != over[-1]["predicted"]:
             (p1, c1), (p2, c2) = ((h["predicted"], h["compiled"]) for h in over[-2:])
             slope = (c2 - c1) / (p2 - p1)
             if slope > 0.05:
-                step = min(step, int(p2 - (c2 - budget) / slope) - max(1, budget // 200))
+                step = min(step, int(p2 - (c2 - budget) / slope) - self.margin())
         return step if step > 0 else None
 
 
