@@ -649,41 +649,49 @@ def inner_checkpoint_scan(policies=None, prevent_cse=True):
 MIXED = dict(L=12, D=2048, H=16, F=5632, V=32000, S=2048, B=4)
 
 
-def mixed(policies=None, prevent_cse=True):
-    from realscale import _llama_shapes, llama_layer, rms
+def _mixed_params(layers) -> dict:
+    """float32 master weights: the embedding, `layers` (one layer's shapes -> its structs), the head."""
     d = MIXED
     f32 = jnp.float32
-    one = {k: sd(s, f32) for k, s in _llama_shapes(d["D"], d["F"]).items()}
-    params = {"embed": sd((d["V"], d["D"]), f32), "layers": [dict(one) for _ in range(d["L"])],
-              "ln_f": sd((d["D"],), f32), "head": sd((d["D"], d["V"]), f32)}
-    pols = list(policies) if policies is not None else [None] * d["L"]
+    return {"embed": sd((d["V"], d["D"]), f32), "layers": layers, "ln_f": sd((d["D"],), f32),
+            "head": sd((d["D"], d["V"]), f32)}
 
-    def block(h, p):  # the casts inside the layer, as a layer with dtype=bfloat16 makes them
-        return llama_layer(h, jax.tree.map(lambda w: w.astype(bf), p), d["H"])
+
+def _mixed_layer(h, p):
+    """A Llama layer casting its float32 weights to bfloat16 inside, as a layer with dtype=bfloat16 does."""
+    from realscale import llama_layer
+    return llama_layer(h, jax.tree.map(lambda w: w.astype(bf), p), MIXED["H"])
+
+
+def _mixed_head(h, params, tokens):
+    from realscale import rms
+    return _xent(rms(h, params["ln_f"].astype(bf)) @ params["head"].astype(bf), tokens)
+
+
+def mixed(policies=None, prevent_cse=True):
+    from realscale import _llama_shapes
+    d = MIXED
+    one = {k: sd(s, jnp.float32) for k, s in _llama_shapes(d["D"], d["F"]).items()}
+    params = _mixed_params([dict(one) for _ in range(d["L"])])
+    pols = list(policies) if policies is not None else [None] * d["L"]
 
     def loss(params, tokens):
         h = params["embed"].astype(bf)[tokens]
         for p, pol in zip(params["layers"], pols):
-            h = _wrap(block, pol, prevent_cse)(h, p)
-        return _xent(rms(h, params["ln_f"].astype(bf)) @ params["head"].astype(bf), tokens)
+            h = _wrap(_mixed_layer, pol, prevent_cse)(h, p)
+        return _mixed_head(h, params, tokens)
     return loss, (params, sd((d["B"], d["S"]), jnp.int32)), _mixed_desc("layers unrolled"), d["L"]
 
 
 def mixed_scan(policies=None, prevent_cse=True):
-    from realscale import _llama_shapes, llama_layer, rms
+    from realscale import _llama_shapes
     d = MIXED
-    f32 = jnp.float32
-    stacked = {k: sd((d["L"], *s), f32) for k, s in _llama_shapes(d["D"], d["F"]).items()}
-    params = {"embed": sd((d["V"], d["D"]), f32), "layers": stacked, "ln_f": sd((d["D"],), f32),
-              "head": sd((d["D"], d["V"]), f32)}
-    pol = (policies or [None])[0]
-
-    def body(h, p):
-        return llama_layer(h, jax.tree.map(lambda w: w.astype(bf), p), d["H"]), None
+    params = _mixed_params({k: sd((d["L"], *s), jnp.float32) for k, s in _llama_shapes(d["D"], d["F"]).items()})
+    body = _wrap(lambda h, p: (_mixed_layer(h, p), None), (policies or [None])[0], prevent_cse)
 
     def loss(params, tokens):
-        h, _ = jax.lax.scan(_wrap(body, pol, prevent_cse), params["embed"].astype(bf)[tokens], params["layers"])
-        return _xent(rms(h, params["ln_f"].astype(bf)) @ params["head"].astype(bf), tokens)
+        h, _ = jax.lax.scan(body, params["embed"].astype(bf)[tokens], params["layers"])
+        return _mixed_head(h, params, tokens)
     return loss, (params, sd((d["B"], d["S"]), jnp.int32)), _mixed_desc("scan over layers"), d["L"]
 
 
