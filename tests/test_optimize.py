@@ -257,6 +257,45 @@ def test_a_looser_budget_never_recomputes_more(mlp):
     assert all(a >= b for a, b in zip(ordered, ordered[1:])), ordered
 
 
+def _dropout_mlp(n=4, width=64, hidden=256, batch=512, rate=0.1):
+    """(loss, its hand-written twin per layer, args) of an MLP stack with dropout after each
+    layer, its keys split from a typed PRNG key argument (`jax.random.key`, as flax nnx's
+    `Rngs` make them) inside the loss."""
+    def layer(x, w, key):
+        keep = jax.random.bernoulli(key, 1 - rate, x.shape)
+        return x + jnp.where(keep, jnp.tanh(x @ w[0]) @ w[1] / (1 - rate), 0.0)
+
+    def make(policy):
+        body = layer if policy is None else jax.checkpoint(layer, policy=policy)
+
+        def loss(ws, x, key):
+            for w, k in zip(ws, jax.random.split(key, len(ws))):
+                x = body(x, w, k)
+            return jnp.mean(x ** 2)
+        return loss
+
+    _, ws, x = _mlp(n, width, hidden, batch)
+    return make(None), make(jax.checkpoint_policies.nothing_saveable), (ws, x, jax.random.key(1))
+
+
+def test_a_model_with_dropout_on_typed_prng_keys_is_planned():
+    """Dropout splits a typed key (`key<fry>`, which numpy has no dtype for) inside every layer:
+    the layers are found, and at `nothing_saveable`'s compiled peak the plan fits, recomputes no
+    more matmul FLOPs and draws the same masks (equal gradients)."""
+    loss, hand, args = _dropout_mlp()
+    none, by_hand = compiled_stats(loss, *args), compiled_stats(hand, *args)
+    planned = _optimize.plan_for(loss, by_hand.peak_bytes, args)
+    assert len(planned.plan.meta["layers"]) == 4
+    opt = autoremat.apply(loss, planned.plan)
+    got = compiled_stats(opt, *args)
+    assert got.peak_bytes <= by_hand.peak_bytes < none.peak_bytes
+    assert got.matmul_flops <= by_hand.matmul_flops
+    v1, g1 = jax.value_and_grad(loss)(*args)
+    v2, g2 = jax.jit(jax.value_and_grad(opt))(*args)
+    assert float(v1) == pytest.approx(float(v2), rel=1e-6)
+    assert _max_rel(g1, g2) <= 1e-6
+
+
 def test_a_plan_is_compiled_once_whatever_it_is_called(monkeypatch):
     """The search files compiled plans by what `apply` makes of them: the same regions under
     another label, and the empty plan (the un-optimized step, compiled for the baseline), cost

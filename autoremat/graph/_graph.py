@@ -28,7 +28,7 @@ from jax.extend import source_info_util
 from autoremat.graph._costs import OpCost, aval_bytes, aval_size, eqn_cost, eqn_matmul_flops, jaxpr_cost
 from autoremat.graph._interpret import primitive_label, scan_counts
 from autoremat.graph._interpret import user_name as _user_name
-from autoremat.graph._profiles import DeviceProfile, get_profile
+from autoremat.graph._profiles import DeviceProfile, _dtype_name, get_profile
 from autoremat.graph._residuals import EqnResiduals, eqn_residuals, linearized_in
 from autoremat.graph._shard_map import body_mesh
 from autoremat.graph._shardings import propagated_divisors
@@ -74,7 +74,9 @@ class ValueInfo:
 
     @property
     def type_str(self) -> str:
-        return f"{np.dtype(self.dtype).name if self.dtype != 'key' else 'key'}{list(self.shape)}"
+        """`float32[4, 8]`; JAX's extended dtypes as JAX names them (`key<fry>[3]`: the typed
+        PRNG keys of `jax.random.key`, which dropout splits inside every layer)."""
+        return f"{_dtype_name(self.dtype)}{list(self.shape)}"
 
     @property
     def whole_bytes(self) -> int:

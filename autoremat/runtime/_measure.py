@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
+from autoremat.graph._costs import aval_bytes
 from autoremat.graph._trace import Traced, concrete_sharding
 from autoremat.runtime._apply import segment_function
 from autoremat.runtime._plan import Plan
@@ -62,7 +63,7 @@ class LayerMeasurement:
 
 
 def _nbytes(aval) -> int:
-    return int(np.prod(aval.shape, dtype=np.int64)) * np.dtype(aval.dtype).itemsize
+    return aval_bytes(aval)  # PRNG keys too (np.dtype refuses `key<fry>`)
 
 
 def _struct(var, traced: Traced):
