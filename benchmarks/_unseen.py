@@ -39,6 +39,11 @@ description, layers), as `_thirdparty.py`'s do.
   its own to bfloat16 where it uses them, so every layer's bf16 weight copies are values the
   backward pass may keep or recompute; its layers unrolled, or in a scan over layers as MaxText runs
   them (`mixed_scan`).
+* `dropout`: a GPT-2-style decoder trained with dropout (on the attention probabilities, the
+  attention's and the MLP's outputs, rate 0.1), its masks drawn from a typed PRNG key argument
+  (`jax.random.key`) split per layer inside the loss, so every layer holds random-bit generation
+  the backward pass may keep or draw again; its layers unrolled, or in a scan over layers whose
+  keys are scanned with the weights (`dropout_scan`).
 """
 
 from __future__ import annotations
@@ -701,9 +706,76 @@ def _mixed_desc(how: str) -> str:
             f"layers, d_model {d['D']}, d_ff {d['F']}, seq {d['S']}, batch {d['B']}")
 
 
+# -- a GPT-2-style decoder trained with dropout: masks from a typed key split per layer --------
+DR = dict(L=12, D=2048, H=16, F=8192, V=32000, S=1024, B=8, rate=0.1)
+
+
+def _dropout(x, key):
+    keep = jax.random.bernoulli(key, 1 - DR["rate"], x.shape)
+    return jnp.where(keep, x / (1 - DR["rate"]), jnp.zeros((), x.dtype)).astype(x.dtype)
+
+
+def _dropout_layer(h, p, key):
+    """A GPT-2 layer (LayerNorm, causal attention, GELU MLP) with dropout on the attention
+    probabilities and on both residual branches."""
+    B, S, D = h.shape
+    H = DR["H"]
+    k_att, k_out, k_mlp = jax.random.split(key, 3)
+    x = _ln(h)
+    q, k, v = ((x @ p[w]).reshape(B, S, H, D // H) for w in ("wq", "wk", "wv"))
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.asarray(D // H, bf))
+    s = jnp.where(jnp.tril(jnp.ones((S, S), bool)), s, jnp.asarray(-1e4, bf))
+    a = _dropout(jax.nn.softmax(s.astype(jnp.float32), -1).astype(bf), k_att)
+    h = h + _dropout(jnp.einsum("bhqk,bkhd->bqhd", a, v).reshape(B, S, D) @ p["wo"], k_out)
+    return h + _dropout(jax.nn.gelu(_ln(h) @ p["w1"]) @ p["w2"], k_mlp)
+
+
+def _dropout_args(layers) -> tuple:
+    d = DR
+    params = {"embed": sd((d["V"], d["D"]), bf), "pos": sd((d["S"], d["D"]), bf), "layers": layers,
+              "head": sd((d["D"], d["V"]), bf)}
+    return params, sd((d["B"], d["S"]), jnp.int32), jax.eval_shape(lambda: jax.random.key(0))
+
+
+def _dropout_shapes() -> dict:
+    D, F = DR["D"], DR["F"]
+    return {"wq": (D, D), "wk": (D, D), "wv": (D, D), "wo": (D, D), "w1": (D, F), "w2": (F, D)}
+
+
+def dropout(policies=None, prevent_cse=True):
+    d = DR
+    args = _dropout_args([{k: sd(s, bf) for k, s in _dropout_shapes().items()} for _ in range(d["L"])])
+    pols = list(policies) if policies is not None else [None] * d["L"]
+
+    def loss(params, tokens, key):
+        h = params["embed"][tokens] + params["pos"]
+        for p, pol, k in zip(params["layers"], pols, jax.random.split(key, d["L"])):
+            h = _wrap(_dropout_layer, pol, prevent_cse)(h, p, k)
+        return _xent(_ln(h) @ params["head"], tokens)
+    return loss, args, _dropout_desc("layers unrolled"), d["L"]
+
+
+def dropout_scan(policies=None, prevent_cse=True):
+    d = DR
+    args = _dropout_args({k: sd((d["L"], *s), bf) for k, s in _dropout_shapes().items()})
+    body = _wrap(lambda h, pk: (_dropout_layer(h, *pk), None), (policies or [None])[0], prevent_cse)
+
+    def loss(params, tokens, key):
+        h = params["embed"][tokens] + params["pos"]
+        h, _ = jax.lax.scan(body, h, (params["layers"], jax.random.split(key, d["L"])))
+        return _xent(_ln(h) @ params["head"], tokens)
+    return loss, args, _dropout_desc("scan over layers"), d["L"]
+
+
+def _dropout_desc(how: str) -> str:
+    d = DR
+    return (f"GPT-2-style decoder trained with dropout {d['rate']} (typed PRNG key; {how}): {d['L']} layers, "
+            f"d_model {d['D']}, d_ff {d['F']}, seq {d['S']}, batch {d['B']}, bf16")
+
+
 def scale_batches(k: int) -> None:
     """Every model's batch times `k` (as `realscale.scale_batches`)."""
-    for d, key in ((MOE, "B"), (UNET, "batch"), (ED, "B"), (VIT, "batch"), (ALT, "B"), (PZ, "B"), (SCANS, "B"), (SSD, "B"), (FA, "B"), (CK, "B"), (MIXED, "B")):
+    for d, key in ((MOE, "B"), (UNET, "batch"), (ED, "B"), (VIT, "batch"), (ALT, "B"), (PZ, "B"), (SCANS, "B"), (SSD, "B"), (FA, "B"), (CK, "B"), (MIXED, "B"), (DR, "B")):
         d[key] *= k
 
 
@@ -711,4 +783,4 @@ BUILDERS = {"moe": moe, "unet": unet, "encdec": encdec, "vit_nnx": vit_nnx, "alt
             "penzai": penzai, "penzai_scan": penzai_scan, "nnx_scan": nnx_scan, "equinox_scan": equinox_scan,
             "ssd": ssd, "ssd_scan": ssd_scan, "vjp_attention": vjp_attention,
             "inner_checkpoint": inner_checkpoint, "inner_checkpoint_scan": inner_checkpoint_scan,
-            "mixed": mixed, "mixed_scan": mixed_scan}
+            "mixed": mixed, "mixed_scan": mixed_scan, "dropout": dropout, "dropout_scan": dropout_scan}
