@@ -499,6 +499,27 @@ def test_find_layers_finds_every_repeated_layer():
     assert list(gs.ops.values())[only.start].primitive == "scan" and only.stop == only.start + 1
 
 
+def test_find_layers_finds_layers_that_each_read_their_own_piece_of_one_split():
+    """Each layer reads its own piece of a weight stack and of a PRNG key split before the
+    stack (`jnp.split`; JAX 0.11 unrolls `for k in keys` with one `unstack` too), ever further
+    from the split that made it: all 6 layers are found, one matmul and one random draw each
+    (counted by that distance, 3 layers of two were)."""
+    from autoremat.graph._layers import find_layers
+
+    def loss(W, x, key):
+        for w, k in zip(jnp.split(W, 6), jax.random.split(key, 6)):
+            x = x + jnp.where(jax.random.bernoulli(k, 0.9, x.shape), jnp.tanh(x @ w[0]), 0.0)
+        return jnp.sum(x ** 2)
+
+    g = build_graph(loss, jnp.ones((6, 64, 64)), jnp.ones((512, 64)), jax.random.key(0))
+    ops = list(g.ops.values())
+    layers = find_layers(g)
+    assert len(layers) == 6
+    for la in layers:
+        prims = [ops[i].primitive for i in range(la.start, la.stop)]
+        assert prims.count("dot_general") == 1 and prims.count("random_bits") == 1
+
+
 def test_find_layers_finds_the_stages_of_a_u_net():
     """No two stages of a U-Net are alike (their widths differ) and its skips cross every cut on
     the residual stream, yet its stages are found where the example writes them: each ends

@@ -369,7 +369,12 @@ def _tokens(g: Graph, ops: list[OpInfo]) -> np.ndarray:
     encoder-decoder's 6 decoder layers did not repeat and were found as one layer with 82
     matmuls (the per-layer policies a person writes there were never tried).  Values read
     within a layer by several equations (a norm's output read by the q, k and v projections)
-    repeat either way."""
+    repeat either way.  A piece of an equation with several outputs is counted by its type too:
+    JAX 0.11 iterates over an array with one `unstack` (`for k in jax.random.split(key, n)`, a
+    stacked weight unrolled), so each layer reads its own piece of one equation made before the
+    stack, ever further back; counted by that distance, a dropout stack's layers were found
+    shifted by their random-bit draws, and its `nothing_saveable` twin recomputed a matmul more
+    than the person's (JAX 0.10 slices each piece inside its layer)."""
     pos = {op.id: i for i, op in enumerate(ops)}
     readers = Counter(v for op in ops for v in set(op.inputs))
     table: dict[str, int] = {}
@@ -381,7 +386,9 @@ def _tokens(g: Graph, ops: list[OpInfo]) -> np.ndarray:
             if p not in pos:  # an argument of the function, or a constant (`_repeats`)
                 ins.append(f"{'in' if p is None else 'const'}:{g.values[v].type_str}")
             else:
-                ins.append(f"shared:{g.values[v].type_str}" if readers[v] > 1 else f"-{i - pos[p]}")
+                ins.append(f"shared:{g.values[v].type_str}" if readers[v] > 1
+                           else f"piece:{g.values[v].type_str}" if len(ops[pos[p]].outputs) > 1
+                           else f"-{i - pos[p]}")
         outs = ",".join(g.values[v].type_str for v in op.outputs)
         key = f"{op.primitive}({','.join(ins)})->{outs}|{sorted(op.params.items())}"
         out[i] = table.setdefault(key, len(table))
