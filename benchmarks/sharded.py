@@ -10,7 +10,7 @@ per-device `memory_analysis` of the compiled `value_and_grad` step is the judge)
   128256, seq 4096, batch 8), layers stacked and run by `lax.scan` as MaxText does: 8.84B.
 * `_unseen.py`'s models (`moe`, `unet`, `encdec`, `vit_nnx`, `alternating`; FSDP alone): every
   weight split along its largest axis that 8 devices split evenly, as generic FSDP code does
-  (`_largest_split`), the inputs by batch.
+  (`_largest_split`), the inputs by batch (a scalar one, the dropout decoders' PRNG key, whole).
 
 Layouts (`jax.sharding.Mesh` with Auto axes, as `jax.jit(in_shardings=...)` training code
 uses): `fsdp`: (8,) over "data": the batch and every weight matrix split over it (ZeRO-3);
@@ -33,6 +33,8 @@ remat (global, all devices together), of the matmuls (what the verdict compares)
     .venv/bin/python benchmarks/sharded.py --models moe unet encdec vit_nnx alternating --layouts fsdp \
         --batch-scale 8 --out benchmarks/results/sharded_unseen.md       # models it never saw, sharded: each
                                                                          # device holds one device's batch of unseen.md
+    .venv/bin/python benchmarks/sharded.py --models dropout dropout_scan --layouts fsdp --batch-scale 8 \
+        --out benchmarks/results/sharded_dropout.md                      # dropout's masks drawn per device
     .venv/bin/python benchmarks/sharded.py --models llama1b --layouts fsdp
     .venv/bin/python benchmarks/sharded.py --models llama1b llama_scan --layouts dp \
         --out benchmarks/results/sharded_dp.md                           # the step written per device
@@ -113,7 +115,7 @@ def per_device(layout: str, fn):
         return jax.lax.pmean(fn(params, *inputs), "data")
 
     def loss(params, *inputs):
-        specs = (P(), *(P("data"),) * len(inputs))
+        specs = (P(), *(P("data") if x.ndim else P() for x in inputs))
         return jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P())(params, *inputs)
 
     return loss
@@ -135,7 +137,8 @@ def sharded(layout: str, params, *inputs, generic: bool = False):
         stacked = len(path) == 2 and path[0].key == "layers"
         return NamedSharding(mesh, _spec(path[-1].key, x.ndim, stacked, layout == "fsdp_tp"))
 
-    batch = [NamedSharding(mesh, P("data", *(None,) * (x.ndim - 1))) for x in inputs]
+    # a scalar input (the dropout decoders' PRNG key) is whole on every device
+    batch = [NamedSharding(mesh, P("data", *(None,) * (x.ndim - 1)) if x.ndim else P()) for x in inputs]
     shardings = (jax.tree_util.tree_map_with_path(one, params), *batch)
     args = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), (params, *inputs), shardings)
     return args, shardings
