@@ -62,10 +62,6 @@ class LayerMeasurement:
     compile_time: float
 
 
-def _nbytes(aval) -> int:
-    return aval_bytes(aval)  # PRNG keys too (np.dtype refuses `key<fry>`)
-
-
 def _struct(var, traced: Traced):
     """An abstract argument for `var`, with its sharding where JAX's types carry one."""
     aval = var.aval
@@ -144,9 +140,9 @@ def measure_segment(traced: Traced, plan: Plan, start: int, stop: int) -> Measur
     m = compiled.memory_analysis()
     peak = sum(int(getattr(m, k, 0) or 0) for k in (
         "argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes")) - int(m.alias_size_in_bytes or 0)
-    fixed = sum(_nbytes(v.aval) for v, p in zip(ins, persistent) if p)
-    fixed += sum(_nbytes(ins[i].aval) for i in diff if persistent[i])  # their gradients
-    acts = sum(_nbytes(v.aval) for v, p in zip(ins, persistent) if not p)
+    fixed = sum(aval_bytes(v.aval) for v, p in zip(ins, persistent) if p)
+    fixed += sum(aval_bytes(ins[i].aval) for i in diff if persistent[i])  # their gradients
+    acts = sum(aval_bytes(v.aval) for v, p in zip(ins, persistent) if not p)
     return Measurement(max(0, peak - fixed), peak, compile_time, acts)
 
 
