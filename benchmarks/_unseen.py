@@ -78,7 +78,8 @@ def _ln(x):
     return ((x32 - mu) * jax.lax.rsqrt(((x32 - mu) ** 2).mean(-1, keepdims=True) + 1e-5)).astype(bf)
 
 
-def _attn(x, kv, p, H, causal):
+def _attn(x, kv, p, H, causal, on_probs=lambda a: a):
+    """Multi-head attention of `x` over `kv`; `on_probs` applied to its probabilities (dropout)."""
     B, S, D = x.shape
     T = kv.shape[1]
     q = (x @ p["wq"]).reshape(B, S, H, D // H)
@@ -87,7 +88,7 @@ def _attn(x, kv, p, H, causal):
     s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.asarray(D // H, bf))
     if causal:
         s = jnp.where(jnp.tril(jnp.ones((S, T), bool)), s, jnp.asarray(-1e4, bf))
-    o = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s.astype(jnp.float32), -1).astype(bf), v)
+    o = jnp.einsum("bhqk,bkhd->bqhd", on_probs(jax.nn.softmax(s.astype(jnp.float32), -1).astype(bf)), v)
     return o.reshape(B, S, D) @ p["wo"]
 
 
@@ -718,15 +719,9 @@ def _dropout(x, key):
 def _dropout_layer(h, p, key):
     """A GPT-2 layer (LayerNorm, causal attention, GELU MLP) with dropout on the attention
     probabilities and on both residual branches."""
-    B, S, D = h.shape
-    H = DR["H"]
     k_att, k_out, k_mlp = jax.random.split(key, 3)
     x = _ln(h)
-    q, k, v = ((x @ p[w]).reshape(B, S, H, D // H) for w in ("wq", "wk", "wv"))
-    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.asarray(D // H, bf))
-    s = jnp.where(jnp.tril(jnp.ones((S, S), bool)), s, jnp.asarray(-1e4, bf))
-    a = _dropout(jax.nn.softmax(s.astype(jnp.float32), -1).astype(bf), k_att)
-    h = h + _dropout(jnp.einsum("bhqk,bkhd->bqhd", a, v).reshape(B, S, D) @ p["wo"], k_out)
+    h = h + _dropout(_attn(x, x, p, DR["H"], True, lambda a: _dropout(a, k_att)), k_out)
     return h + _dropout(jax.nn.gelu(_ln(h) @ p["w1"]) @ p["w2"], k_mlp)
 
 
