@@ -422,11 +422,18 @@ class HandSearch:
         if self.line is None:
             return
         self.share = self.g.device_share()  # options count per-device FLOPs, compiled plans global ones
-        bound = min((p.extra_flops for p in self.points.values() if p.peak <= limit), default=float("inf"))
+        bound = self._bound(limit)
         self.sets = sorted((o for o in options if o.label not in self.points and o.matmul_flops < bound * self.share
                             and self._may_fit(self._predicted(o), o.saved_bytes, o.matmul_flops / self.share, limit)),
                            key=lambda o: (o.matmul_flops, o.saved_bytes))
         self._next_set(limit)
+
+    def _bound(self, limit: int) -> float:
+        """The extra matmul FLOPs a mix or a set must recompute less than to win: those of the
+        options that fit `limit` (a solver's set by its predicted peak) and of every plan
+        compiled that fits it (`best_fit`: the search's, the solver's first round included)."""
+        return min(min((p.extra_flops for p in self.points.values() if p.peak <= limit), default=math.inf),
+                   self.best_fit(limit))
 
     def _predicted(self, o) -> float:
         return self.line[0] + self.line[1] * o.saved_bytes
@@ -537,7 +544,7 @@ class HandSearch:
                        {0: self.points[lean].peak, len(self.layers): self.points[fast].peak},
                        lean_compiled=self.points[lean].compiled, step=self._bytes_step(lean, fast))
                  for _, lean, fast, _ in tops]
-        bound = min((p.extra_flops for p in self.points.values() if p.peak <= limit), default=math.inf)
+        bound = self._bound(limit)
         best, spent = None, 0
         while (move := self._next_move([m for m in mixes if spent < MAX_PRESET_MIXES or not self._of_preset(m)],
                                        bound, limit)) is not None:

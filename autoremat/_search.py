@@ -2,17 +2,21 @@
 
 `PlanSearch.run` goes through these phases (each a short method):
 
-1. **hand-written plans** (`hand_plans`, `autoremat/_hand.py`): JAX's built-in policies on every
-   layer `graph.find_layers` found (fastest first, up to the first that fits), and the best
-   two-policy mix for the budget, compiled.  They bound the answer: it never recomputes more
-   than the best of them that fits.  Where all are over the budget and the two leanest came
-   out nearer together than what they store apart would make them (`HandSearch.peak_fixed`:
-   the peak may be set by what remat does not touch), their half-and-half mix and the plan of
-   lowest predicted peak are compiled, and unless the latter comes well under them
-   (`peak_moves`) the search ends there (`settled`), with that reason where nothing fits.
+1. **hand-written policies** (`hand_policies`, `autoremat/_hand.py`): JAX's built-in policies on
+   every layer `graph.find_layers` found (fastest first, up to the first that fits), compiled.
+   Where all are over the budget and the two leanest came out nearer together than what they
+   store apart would make them (`HandSearch.peak_fixed`: the peak may be set by what remat does
+   not touch), their half-and-half mix and the plan of lowest predicted peak are compiled, and
+   unless the latter comes well under them (`peak_moves`) the search ends there (`settled`),
+   with that reason where nothing fits.
 2. **offload probe** (`probe_offload`): off the CPU, whether offloading lowers the compiled peak
    at all on this backend; planning goes on without it if not.
-3. **solver rounds** (`solver_rounds`): the chain solver's plan for a target, compiled; the
+3. **hand-written mixes** (`hand_mixes`): the best two-option mix for the budget (JAX's policies,
+   the region solver's saved sets per layer), compiled where it could recompute less than every
+   plan compiled so far that fits, the solver's first round among them (`first_round`, compiled
+   just before).  With the policies, they bound the answer: it never recomputes more than the
+   best of them that fits.
+4. **solver rounds** (`solver_rounds`): the chain solver's plan for a target, compiled; the
    first target is the budget less what the model under-predicted the hand-written plans'
    twins by (`under_prediction`), and it moves with what XLA said (down after an overshoot,
    up into unused memory).  A plan the model says recomputes at least what the best compiled
@@ -21,14 +25,14 @@
    to the plan, not the function; docs/FINDINGS.md, twenty-sixth session).  Where every
    hand-written policy compiled over the budget, the lowest-peak plan is compiled before them
    (`lowest_first`), and if it too is over, a round out of reach ends them.
-4. **policy checks** (`policy_checks`): JAX's policies per block in the model's terms, and
+5. **policy checks** (`policy_checks`): JAX's policies per block in the model's terms, and
    faster uniform plans the model may have over-predicted, compiled where they could win.
-5. **fallback** (`fallback`): when no solver plan fits: compile-verified uniform plans (the user's
+6. **fallback** (`fallback`): when no solver plan fits: compile-verified uniform plans (the user's
    tags saved alone, JAX's policies per block, ...) that could recompute less (while a compiled
    plan fits: the user's tags first, then the model's own likeliest to fit first, up to the
    first over budget); the chain rebuilt two other ways only while nothing compiled fits.  None
    of the model's plans predicted far over the budget once corrected like the twins.
-6. **choose** (`finish`): of every plan compiled in this process for this signature that fits,
+7. **choose** (`finish`): of every plan compiled in this process for this signature that fits,
    the one that recomputes the fewest FLOPs (counted on the compiled step's jaxpr); so a looser
    budget never recomputes more (every plan compiled for a tighter one is a candidate).
 """
@@ -175,6 +179,8 @@ class PlanSearch:
     short_chain: bool = False  # `_try_lowest` compiled a lowest-peak plan that could win over the budget
     fixed: str | None = None  # why the step's peak is out of remat's reach (`HandSearch.peak_fixed`)
     rebuilds: dict = field(default_factory=dict)  # merge -> Future of a rebuilt chain (`start_rebuilds`)
+    # (target, solver result, compiled) of round 1, where `first_round` solved it
+    first: tuple | None = None
 
     # The budget is the bar on every backend.  A 2.5% margin off the CPU, set when two compiles
     # of one small example's plan on an H100 came out 0.99 MiB (2.2%) apart
@@ -199,11 +205,13 @@ class PlanSearch:
 
     def _phases(self) -> Planned:
         if self.validate:
-            self.hand_plans()
+            hand = self.hand_policies()
             if self.fixed is not None:
                 return self.settled()
             self.probe_offload()
             self.lowest_first()
+            self.first_round()
+            self.hand_mixes(hand)
         best = self.solver_rounds()
         if isinstance(best, Planned):  # validate=False: the solver's plan, not compiled
             return best
@@ -429,10 +437,11 @@ class PlanSearch:
                                                                **self._build_kw())
 
     # -- phases ----------------------------------------------------------------------------
-    def hand_plans(self) -> None:
-        """Phase 1: JAX's policies per layer and the best two-policy mix, compiled."""
+    def hand_policies(self) -> HandSearch | None:
+        """Phase 1: JAX's policies per layer, compiled; the `HandSearch` that mixes them next
+        (`hand_mixes`), or None without layers."""
         if not self.layers:
-            return
+            return None
         none = HandPlan("no remat", None, self.baseline_peak, 0.0)
         hand = HandSearch(self.g, self.layers, self.compile_hand, none, self.say, self.meta, curve=self.mix_curve,
                           known=self.hand_known, best_fit=self._best_matmul,
@@ -445,7 +454,16 @@ class PlanSearch:
             hand.half_mix()
             self.twins = self._twin_points(hand.points)
             if not self.peak_moves(hand):
-                return
+                return hand
+        self.twins = self._twin_points(hand.points)
+        return hand
+
+    def hand_mixes(self, hand: HandSearch | None) -> None:
+        """Phase 3: the best two-option mix for the budget (JAX's policies and the region solver's
+        saved sets per layer), compiled where it could recompute less than every plan compiled
+        so far that fits, the solver's first round included (`first_round`)."""
+        if hand is None:
+            return
         key = self.g.traced.signature
         if key not in _LAYER_OPTIONS:  # CP-SAT per distinct layer and cap: once per signature
             _LAYER_OPTIONS[key] = ilp_options(self.g, self.layers)
@@ -453,7 +471,6 @@ class PlanSearch:
         hand.mix(self.budget)
         while hand.sets_alone(self.budget):  # a set over the budget: the next one, and its mixes
             hand.mix(self.budget)
-        self.twins = self._twin_points(hand.points)
 
     def peak_moves(self, hand: HandSearch) -> bool:
         """Where the hand-written plans say the step's peak is fixed (`HandSearch.peak_fixed`):
@@ -559,36 +576,70 @@ class PlanSearch:
         self.lowest_over = peak > self.budget
         self.say(f"  {how}: compiled {format_bytes(peak)}, {'over budget' if self.lowest_over else 'fits'}")
 
+    def first_round(self) -> None:
+        """The solver's first round (`solver_rounds`), compiled before the mixes where it could
+        win: a plan of it that fits bounds them, so the mixes that cannot beat it are not
+        compiled.  The dropout decoder (benchmarks/unseen.py) at nothing_saveable's 22.41 GiB,
+        where JAX's policies per layer compile within 0.6 GiB of each other: 16 mixes compiled
+        in 123 s (the best fitting, 5 layers nothing_saveable and 7 dots_saveable, +3.09 TFLOP
+        in matmuls), then round 1 fitted at +0.76 (benchmarks/budget_log.py --model dropout at
+        dedf4b3).  Where a mix beats it, this is one compile the rounds would have skipped."""
+        target = self.first_target()
+        try:
+            result = solve(self.model.problem, target, method=self.solver, time_limit=self.time_limit)
+        except InfeasibleBudgetError:
+            return
+        self._say_round(0, result)
+        could_win = self.can_win(result.segments, quiet=True) and not (
+            self.lowest_over and not self.in_reach(result.segments))
+        self.first = (target, result, could_win)
+        if could_win:
+            self._compile_round(0, result, "; compiled before the mixes, which are compiled where they could beat it")
+
+    def _say_round(self, rnd: int, result) -> None:
+        self.say(f"round {rnd + 1}: solver {result.solver} ({result.status}, {result.solve_time:.2f}s) predicts "
+                 f"{format_bytes(result.peak_bytes)}, +{result.objective * 1e3:.3g} ms, "
+                 f"+{_recompute_flops(result.segments) / 1e9:.4g} GFLOP")
+
+    def _compile_round(self, rnd: int, result, note: str = "") -> _Compiled:
+        """Round `rnd`'s plan (from 0), compiled, and what XLA said of it."""
+        same = next((h["round"] for h in self.history if h["segments"] == result.segments), None)
+        got = self.compile_segments(result.segments, f"solver round {rnd + 1}", result)
+        self.say(f"round {rnd + 1}: " + (f"the plan of round {same} again" if same else "compiled peak")
+                 + f" {format_bytes(got.peak)} ({'fits' if got.peak <= self.budget else 'over budget'}), "
+                 f"+{got.measured / 1e9:.4g} GFLOP recomputed (the model: "
+                 f"+{_recompute_flops(result.segments) / self.share / 1e9:.4g}){note}")
+        return got
+
     def solver_rounds(self):
-        """Phase 3: (estimated time, segments, result, how) of the fastest solver plan that
-        compiled within the budget, or None; with validate=False, the uncompiled `Planned`."""
-        best, target = None, self.first_target()
+        """Phase 4: (estimated time, segments, result, how) of the fastest solver plan that
+        compiled within the budget, or None; with validate=False, the uncompiled `Planned`.
+        Round 1 is `first_round`'s where that ran."""
+        best, target = None, self.first_target() if self.first is None else self.first[0]
         steer = _Steer(self.budget)
         for rnd in range(self.max_rounds + MAX_RAISES):
             if rnd >= self.max_rounds + steer.raised:
                 break
-            try:
-                result = solve(self.model.problem, target, method=self.solver, time_limit=self.time_limit)
-            except InfeasibleBudgetError as e:
-                if best is None and rnd == 0 and not self.validate:
-                    raise self._infeasible_unvalidated(e) from None
-                break
-            self.say(f"round {rnd + 1}: solver {result.solver} ({result.status}, {result.solve_time:.2f}s) predicts "
-                     f"{format_bytes(result.peak_bytes)}, +{result.objective * 1e3:.3g} ms, "
-                     f"+{_recompute_flops(result.segments) / 1e9:.4g} GFLOP")
+            if rnd == 0 and self.first is not None:
+                result = self.first[1]
+            else:
+                try:
+                    result = solve(self.model.problem, target, method=self.solver, time_limit=self.time_limit)
+                except InfeasibleBudgetError as e:
+                    if best is None and rnd == 0 and not self.validate:
+                        raise self._infeasible_unvalidated(e) from None
+                    break
+                self._say_round(rnd, result)
             if not self.validate:
                 return self._unvalidated(result)
-            if not self.can_win(result.segments) or (self.lowest_over and not self.in_reach(result.segments)):
+            ahead = rnd == 0 and self.first is not None and self.first[2]  # compiled before the mixes
+            if not ahead and (not self.can_win(result.segments)
+                              or (self.lowest_over and not self.in_reach(result.segments))):
                 break
-            same = next((h["round"] for h in self.history if h["segments"] == result.segments), None)
-            got = self.compile_segments(result.segments, f"solver round {rnd + 1}", result)
-            compiled = got.peak
+            compiled = (self.compile_segments(result.segments, "solver round 1", result) if ahead
+                        else self._compile_round(rnd, result)).peak
             self.history.append({"round": rnd + 1, "target": target, "predicted": result.peak_bytes,
                                  "compiled": compiled, "segments": result.segments})
-            self.say(f"round {rnd + 1}: " + (f"the plan of round {same} again" if same else "compiled peak")
-                     + f" {format_bytes(compiled)} ({'fits' if compiled <= self.budget else 'over budget'}), "
-                     f"+{got.measured / 1e9:.4g} GFLOP recomputed (the model: "
-                     f"+{_recompute_flops(result.segments) / self.share / 1e9:.4g})")
             if compiled <= self.budget and (best is None or result.objective < best[0]):
                 best = (result.objective, result.segments, result, f"solver round {rnd + 1}")
             target = steer.next(target, compiled, result.objective, best is not None, self.history)
@@ -597,7 +648,7 @@ class PlanSearch:
         return best
 
     def policy_checks(self, best):
-        """Phase 4: JAX's policies per block in the model's terms, where the time model cannot
+        """Phase 5: JAX's policies per block in the model's terms, where the time model cannot
         tell them from the solver's plan: one that recomputes fewer FLOPs, estimated at most
         POLICY_TOLERANCE slower (or faster), and compiles within the budget wins.  Then uniform
         plans (one option kind per block) that the model says are faster but over budget: the
@@ -653,7 +704,7 @@ class PlanSearch:
                                f"; {self.fixed}: the step's peak is set by what remat does not touch")
 
     def fallback(self) -> Planned:
-        """Phase 5, when no solver plan fits: compile-verified candidates for each way of
+        """Phase 6, when no solver plan fits: compile-verified candidates for each way of
         cutting the chain into blocks (activations opening the next layer, closing their layer,
         no merging at all; the last two only while no compiled plan fits): the solver's plan for
         the budget; uniform plans (`_fallback_pool`); and the plan of lowest predicted peak
@@ -803,7 +854,7 @@ class PlanSearch:
         return self.finish(_best_compiled(self.sig, self.budget))
 
     def finish(self, best: _Compiled) -> Planned:
-        """Phase 6: the fitting plan compiled in this process for this signature that recomputes least."""
+        """Phase 7: the fitting plan compiled in this process for this signature that recomputes least."""
         how = best.plan.meta.get("found_by", "")
         self.say(f"chosen: {how or 'the solver'}: compiled {format_bytes(best.peak)}, "
                  f"+{best.measured / 1e9:.4g} GFLOP recomputed ({best.matmul / 1e9:.4g} in matmuls)"

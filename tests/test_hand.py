@@ -470,8 +470,11 @@ def _mix_cases(draw):
     # peak (as in benchmarks/realscale.py, where the counts either side are the ones to tell apart)
     mixes = policies[0][1:-1] + policies[1][1:-1]
     limit = draw(st.one_of(st.floats(lean, lean + totals[1]), st.sampled_from(mixes or [lean])))
+    # the solver's first round, compiled before the mixes: none fitting, or one that fits and
+    # recomputes anything from nothing to more than the lean policy
+    solver = draw(st.one_of(st.just(math.inf), st.floats(0.0, 16000.0)))
     return (n, lean, policies, sets, flops, limit, draw(st.one_of(st.floats(-0.01, 0.01), st.floats(0.01, 0.3))),
-            draw(st.floats(-0.08, 0.08)))
+            draw(st.floats(-0.08, 0.08)), solver)
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
@@ -480,17 +483,19 @@ def test_the_mix_search_never_loses_to_a_policy_mix_that_fits(case):
     """Guarantee (a) of issue 14 for the mix search (`HandSearch.mix`): whatever the order in
     which the pairs' counts are compiled, the plan returned fits and recomputes no more than any
     mix of two policies that compiles within the budget (nor than the leaner policy alone,
-    compiled before the mixes), and no count is compiled twice."""
+    compiled before the mixes), and no count is compiled twice.  A plan compiled before them that
+    fits (the solver's first round: `best_fit`) bounds them: the better of it and the mix
+    returned recomputes no more than any such mix."""
     from types import SimpleNamespace
 
     from autoremat.graph._layers import Layer
 
-    n, lean_gib, policies, sets, (fa, fb, fs, fc), limit_gib, step_err, set_err = case
+    n, lean_gib, policies, sets, (fa, fb, fs, fc), limit_gib, step_err, set_err, solver = case
     totals = [curve[n] - lean_gib for curve in policies]
     gib, lean, fast, fastest = 2**30, "nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_saveable"
     limit = int(limit_gib * gib)
     hand = _hand.HandSearch(SimpleNamespace(traced=None), [Layer(i, i + 1, "k") for i in range(n)], None, None,
-                            lambda m: None)
+                            lambda m: None, best_fit=lambda lim: solver * 1e9)
     set_pred = sets[0][0] * (1 + set_err)
     assume(int(set_pred * gib) > limit)  # predicted to fit alone, a set bounds the mixes (`sets_alone`'s case)
     hand.points = {lean: _hand.HandPlan(lean, None, int(policies[0][0] * gib), fa * 1e9),
@@ -518,12 +523,14 @@ def test_the_mix_search_never_loses_to_a_policy_mix_that_fits(case):
     best = hand.mix(limit)
     assert best is None or best.peak <= limit
     got = min(best.extra_flops if best else math.inf, fa * 1e9 if policies[0][0] * gib <= limit else math.inf,
-              fb * 1e9 if policies[0][n] * gib <= limit else math.inf)
+              fb * 1e9 if policies[0][n] * gib <= limit else math.inf, solver * 1e9)
     pairs = ((policies[0], fa, fb), (policies[1], fa, fc), (between, fb, fc))
     fitting = [(f0 + k / n * (f1 - f0)) * 1e9 for curve, f0, f1 in pairs for k in range(1, n)
                if int(curve[k] * gib) <= limit]
     assert got <= min(fitting, default=math.inf), (compiled, best and best.label)
     assert len(compiled) == len(set(compiled))
+    if solver <= fc:  # every mix recomputes more than the fastest policy: none could beat that plan
+        assert not compiled
 
 
 def test_a_mix_whose_peak_does_not_rise_at_first_is_bisected_not_stepped():

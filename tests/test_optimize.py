@@ -477,6 +477,38 @@ def _segments(flops):
     return (Segment(0, 1, Option("x", 1, 1, 0.0, recompute_flops=flops)),)
 
 
+def test_the_first_round_is_compiled_before_the_mixes_and_counted_by_the_rounds(monkeypatch):
+    """`first_round` solves and compiles round 1 before the mixes (a plan of it that fits bounds
+    them: `HandSearch._bound`); the rounds take that plan as their first, not solved again, and
+    keep it as a candidate even once a mix compiled since recomputes less."""
+    from types import SimpleNamespace
+
+    from autoremat import _search
+
+    search = _search_on_mlp_chain(1000, (1e9, 0.0))
+    solves, compiled = [], []
+
+    def solve(problem, target, **kw):
+        solves.append(target)
+        return SimpleNamespace(segments=_segments(float(len(solves))), solver="dp", status="optimal",
+                               solve_time=0.0, peak_bytes=target, objective=1.0)
+
+    def compile_segments(segments, how, result=None):
+        compiled.append(how)
+        return SimpleNamespace(peak=998, measured=1.0)  # fits, 0.2% slack: no raise after it
+
+    monkeypatch.setattr(_search, "solve", solve)
+    monkeypatch.setattr(_search, "_best_compiled", lambda sig, limit: None)
+    monkeypatch.setattr(search, "first_target", lambda: 900)
+    monkeypatch.setattr(search, "compile_segments", compile_segments)
+    search.first_round()
+    assert solves == [900] and compiled == ["solver round 1"]
+    monkeypatch.setattr(search, "can_win", lambda segments, quiet=False: False)  # a mix that fits beats it
+    best = search.solver_rounds()
+    assert solves == [900] and best[3] == "solver round 1"
+    assert [h["round"] for h in search.history] == [1]
+
+
 def test_a_plan_that_could_win_by_a_trifle_is_not_compiled(monkeypatch):
     """A candidate is compiled only if it may recompute MIN_GAIN of the step's FLOPs less than
     the best fitting compiled plan (at 1B two compiles went to plans that could have saved
@@ -671,7 +703,8 @@ def test_while_nothing_fits_the_rebuilt_chains_are_built_while_the_first_plans_c
     monkeypatch.undo()
     search = _search_on_mlp_chain(1000, (1e9, 0.0))
     monkeypatch.setattr(_search, "_best_compiled", lambda sig, limit: None)
-    monkeypatch.setattr(search, "hand_plans", lambda: None)
+    monkeypatch.setattr(search, "hand_policies", lambda: None)
+    monkeypatch.setattr(search, "first_round", lambda: None)
     monkeypatch.setattr(search, "solver_rounds", lambda: None)
     monkeypatch.setattr(search, "_try_lowest", lambda low, variant: "a plan that fits")
     monkeypatch.setattr(_search, "_chain_builder", lambda: _Queued())
