@@ -264,6 +264,9 @@ class HandSearch:
         # MaxText's presets the layers' tags support: "maxtext <preset>" -> its saved set per layer
         # (`maxtext_presets`)
         self.presets = dict(presets or {})
+        # (extra FLOPs, compile) of a plan of the caller's that may recompute less than some mixes
+        # (the solver's first round), compiled among them in `_next_move`'s order (`_rival_first`)
+        self.rival: tuple[float, Callable[[], object]] | None = None
 
     def plan(self, policies: Sequence[str | None], label: str, ahead: Sequence[Sequence] = (),
              expected: float | None = None) -> HandPlan:
@@ -548,11 +551,26 @@ class HandSearch:
         best, spent = None, 0
         while (move := self._next_move([m for m in mixes if spent < MAX_PRESET_MIXES or not self._of_preset(m)],
                                        bound, limit)) is not None:
+            if self._rival_first(*move, limit):
+                bound = min(bound, self._bound(limit))
+                continue
             got = self._compile_count(*move, limit)
             spent += self._of_preset(move[0])
             if got.peak <= limit and got.extra_flops < bound:
                 best, bound = got, got.extra_flops
         return best
+
+    def _rival_first(self, m: _Pair, k: int, limit: int) -> bool:
+        """Whether the caller's `rival` went before `k` layers of `m.fast` (compiled now, once):
+        it is aimed to fit, so under `_next_move`'s order it goes before a count expected over
+        and before one that recomputes more.  Its FLOPs count every equation it recomputes,
+        the mixes' only matmuls, so it goes no sooner than it should.  Compiled first, a rival
+        that fits leaves the mixes that recompute more uncompiled (`_bound`)."""
+        if self.rival is None or (False, self.rival[0]) > (m.line(k) > limit, self._mix_flops(m.lean, m.fast, k)):
+            return False
+        compile_rival, self.rival = self.rival[1], None
+        compile_rival()
+        return True
 
     def _of_preset(self, m: _Pair) -> bool:
         """Whether a mix has one of MaxText's presets on either side (`MAX_PRESET_MIXES`)."""

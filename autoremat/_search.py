@@ -13,9 +13,9 @@
    at all on this backend; planning goes on without it if not.
 3. **hand-written mixes** (`hand_mixes`): the best two-option mix for the budget (JAX's policies,
    the region solver's saved sets per layer), compiled where it could recompute less than every
-   plan compiled so far that fits, the solver's first round among them (`first_round`, compiled
-   just before).  With the policies, they bound the answer: it never recomputes more than the
-   best of them that fits.
+   plan compiled so far that fits; the solver's first round is compiled among them, before the
+   first mix that recomputes more (`first_round`).  With the policies, they bound the answer: it
+   never recomputes more than the best of them that fits.
 4. **solver rounds** (`solver_rounds`): the chain solver's plan for a target, compiled; the
    first target is the budget less what the model under-predicted the hand-written plans'
    twins by (`under_prediction`), and it moves with what XLA said (down after an overshoot,
@@ -210,7 +210,7 @@ class PlanSearch:
                 return self.settled()
             self.probe_offload()
             self.lowest_first()
-            self.first_round()
+            self.first_round(hand)
             self.hand_mixes(hand)
         best = self.solver_rounds()
         if isinstance(best, Planned):  # validate=False: the solver's plan, not compiled
@@ -461,7 +461,7 @@ class PlanSearch:
     def hand_mixes(self, hand: HandSearch | None) -> None:
         """Phase 3: the best two-option mix for the budget (JAX's policies and the region solver's
         saved sets per layer), compiled where it could recompute less than every plan compiled
-        so far that fits, the solver's first round included (`first_round`)."""
+        so far that fits, the solver's first round among them (`first_round`)."""
         if hand is None:
             return
         key = self.g.traced.signature
@@ -576,25 +576,33 @@ class PlanSearch:
         self.lowest_over = peak > self.budget
         self.say(f"  {how}: compiled {format_bytes(peak)}, {'over budget' if self.lowest_over else 'fits'}")
 
-    def first_round(self) -> None:
-        """The solver's first round (`solver_rounds`), compiled before the mixes where it could
-        win: a plan of it that fits bounds them, so the mixes that cannot beat it are not
-        compiled.  The dropout decoder (benchmarks/unseen.py) at nothing_saveable's 22.41 GiB,
+    def first_round(self, hand: HandSearch | None) -> None:
+        """The solver's first round (`solver_rounds`), solved before the mixes and, where it could
+        win, compiled among them as the mix search's `rival`: before the first mix count that
+        recomputes more (or is expected over), so a plan of it that fits leaves those mixes
+        uncompiled.  The dropout decoder (benchmarks/unseen.py) at nothing_saveable's 22.41 GiB,
         where JAX's policies per layer compile within 0.6 GiB of each other: 16 mixes compiled
         in 123 s (the best fitting, 5 layers nothing_saveable and 7 dots_saveable, +3.09 TFLOP
         in matmuls), then round 1 fitted at +0.76 (benchmarks/budget_log.py --model dropout at
-        dedf4b3).  Where a mix beats it, this is one compile the rounds would have skipped."""
+        dedf4b3).  Compiled before every mix, it cost a compile where a solver's set's mix beat
+        it (Llama and GPT 1B at their dots_with_no_batch_dims_saveable + dots_saveable mixes,
+        benchmarks/realscale.py at 238336a)."""
         target = self.first_target()
         try:
             result = solve(self.model.problem, target, method=self.solver, time_limit=self.time_limit)
         except InfeasibleBudgetError:
             return
         self._say_round(0, result)
-        could_win = self.can_win(result.segments, quiet=True) and not (
-            self.lowest_over and not self.in_reach(result.segments))
-        self.first = (target, result, could_win)
-        if could_win:
-            self._compile_round(0, result, "; compiled before the mixes, which are compiled where they could beat it")
+        self.first = (target, result, False)
+        if hand is not None and self.can_win(result.segments, quiet=True) and not (
+                self.lowest_over and not self.in_reach(result.segments)):
+            hand.rival = (_recompute_flops(result.segments) / self.share, self._compile_first)
+
+    def _compile_first(self) -> None:
+        """`first_round`'s plan, compiled (the mix search's `rival`)."""
+        target, result, _ = self.first
+        self._compile_round(0, result, "; among the mixes, which are compiled where they could beat it")
+        self.first = (target, result, True)
 
     def _say_round(self, rnd: int, result) -> None:
         self.say(f"round {rnd + 1}: solver {result.solver} ({result.status}, {result.solve_time:.2f}s) predicts "
@@ -632,7 +640,7 @@ class PlanSearch:
                 self._say_round(rnd, result)
             if not self.validate:
                 return self._unvalidated(result)
-            ahead = rnd == 0 and self.first is not None and self.first[2]  # compiled before the mixes
+            ahead = rnd == 0 and self.first is not None and self.first[2]  # compiled among the mixes
             if not ahead and (not self.can_win(result.segments)
                               or (self.lowest_over and not self.in_reach(result.segments))):
                 break

@@ -483,9 +483,10 @@ def test_the_mix_search_never_loses_to_a_policy_mix_that_fits(case):
     """Guarantee (a) of issue 14 for the mix search (`HandSearch.mix`): whatever the order in
     which the pairs' counts are compiled, the plan returned fits and recomputes no more than any
     mix of two policies that compiles within the budget (nor than the leaner policy alone,
-    compiled before the mixes), and no count is compiled twice.  A plan compiled before them that
-    fits (the solver's first round: `best_fit`) bounds them: the better of it and the mix
-    returned recomputes no more than any such mix."""
+    compiled before the mixes), and no count is compiled twice.  A rival that fits (the solver's
+    first round, compiled among the mixes: `_rival_first`) bounds them: the better of it and the
+    mix returned recomputes no more than any such mix, and no mix compiled after it recomputes
+    more."""
     from types import SimpleNamespace
 
     from autoremat.graph._layers import Layer
@@ -495,7 +496,9 @@ def test_the_mix_search_never_loses_to_a_policy_mix_that_fits(case):
     gib, lean, fast, fastest = 2**30, "nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_saveable"
     limit = int(limit_gib * gib)
     hand = _hand.HandSearch(SimpleNamespace(traced=None), [Layer(i, i + 1, "k") for i in range(n)], None, None,
-                            lambda m: None, best_fit=lambda lim: solver * 1e9)
+                            lambda m: None,
+                            best_fit=lambda lim: solver * 1e9 if ("rival",) in compiled else math.inf)
+    hand.rival = (solver * 1e9, lambda: compiled.append(("rival",)))
     set_pred = sets[0][0] * (1 + set_err)
     assume(int(set_pred * gib) > limit)  # predicted to fit alone, a set bounds the mixes (`sets_alone`'s case)
     hand.points = {lean: _hand.HandPlan(lean, None, int(policies[0][0] * gib), fa * 1e9),
@@ -529,8 +532,9 @@ def test_the_mix_search_never_loses_to_a_policy_mix_that_fits(case):
                if int(curve[k] * gib) <= limit]
     assert got <= min(fitting, default=math.inf), (compiled, best and best.label)
     assert len(compiled) == len(set(compiled))
-    if solver <= fc:  # every mix recomputes more than the fastest policy: none could beat that plan
-        assert not compiled
+    if ("rival",) in compiled and solver < math.inf:  # it fitted: no mix after it recomputes more
+        after = compiled[compiled.index(("rival",)) + 1:]
+        assert all((flops[a] + k / n * (flops[b] - flops[a])) * 1e9 < solver * 1e9 for a, b, k in after), compiled
 
 
 def test_a_mix_whose_peak_does_not_rise_at_first_is_bisected_not_stepped():

@@ -477,10 +477,11 @@ def _segments(flops):
     return (Segment(0, 1, Option("x", 1, 1, 0.0, recompute_flops=flops)),)
 
 
-def test_the_first_round_is_compiled_before_the_mixes_and_counted_by_the_rounds(monkeypatch):
-    """`first_round` solves and compiles round 1 before the mixes (a plan of it that fits bounds
-    them: `HandSearch._bound`); the rounds take that plan as their first, not solved again, and
-    keep it as a candidate even once a mix compiled since recomputes less."""
+def test_the_first_round_is_the_mixes_rival_and_counted_by_the_rounds(monkeypatch):
+    """`first_round` solves round 1 before the mixes and hands it to the mix search as its rival
+    (compiled among the mixes: `HandSearch._rival_first`); the rounds take that plan as their
+    first, not solved or compiled again, and keep it as a candidate even once a mix compiled
+    since recomputes less.  Without a mix search it is left to the rounds."""
     from types import SimpleNamespace
 
     from autoremat import _search
@@ -501,12 +502,20 @@ def test_the_first_round_is_compiled_before_the_mixes_and_counted_by_the_rounds(
     monkeypatch.setattr(_search, "_best_compiled", lambda sig, limit: None)
     monkeypatch.setattr(search, "first_target", lambda: 900)
     monkeypatch.setattr(search, "compile_segments", compile_segments)
-    search.first_round()
-    assert solves == [900] and compiled == ["solver round 1"]
+    hand = SimpleNamespace(rival=None)
+    search.first_round(hand)
+    assert solves == [900] and not compiled and hand.rival[0] == 1.0 / search.share
+    hand.rival[1]()  # the mix search compiles it
+    assert compiled == ["solver round 1"] and search.first[2]
     monkeypatch.setattr(search, "can_win", lambda segments, quiet=False: False)  # a mix that fits beats it
+    compiled.clear()
     best = search.solver_rounds()
     assert solves == [900] and best[3] == "solver round 1"
     assert [h["round"] for h in search.history] == [1]
+
+    search.first, search.history = None, []
+    search.first_round(None)  # no layers, no mixes
+    assert search.first is not None and not search.first[2] and compiled == ["solver round 1"]
 
 
 def test_a_plan_that_could_win_by_a_trifle_is_not_compiled(monkeypatch):
