@@ -265,8 +265,9 @@ class HandSearch:
         # (`maxtext_presets`)
         self.presets = dict(presets or {})
         # (extra FLOPs, compile) of a plan of the caller's that may recompute less than some mixes
-        # (the solver's first round), compiled among them in `_next_move`'s order (`_rival_first`)
-        self.rival: tuple[float, Callable[[], object]] | None = None
+        # (the solver's first round), compiled among them in `_next_move`'s order (`_rival_first`);
+        # `compile()` says whether it compiled the plan
+        self.rival: tuple[float, Callable[[], bool]] | None = None
 
     def plan(self, policies: Sequence[str | None], label: str, ahead: Sequence[Sequence] = (),
              expected: float | None = None) -> HandPlan:
@@ -561,16 +562,17 @@ class HandSearch:
         return best
 
     def _rival_first(self, m: _Pair, k: int, limit: int) -> bool:
-        """Whether the caller's `rival` went before `k` layers of `m.fast` (compiled now, once):
-        it is aimed to fit, so under `_next_move`'s order it goes before a count expected over
-        and before one that recomputes more.  Its FLOPs count every equation it recomputes,
-        the mixes' only matmuls, so it goes no sooner than it should.  Compiled first, a rival
-        that fits leaves the mixes that recompute more uncompiled (`_bound`)."""
+        """Whether the caller's `rival` was compiled now, before `k` layers of `m.fast`: it is
+        aimed to fit, so under `_next_move`'s order it goes before a count expected over and
+        before one that recomputes more.  Its FLOPs count every equation it recomputes, the
+        mixes' only matmuls, so it goes no sooner than it should.  Its turn comes once: its
+        `compile` returns False, compiling nothing, where it can no longer win (a mix compiled
+        since recomputes less).  Compiled, a rival that fits leaves the mixes that recompute
+        more uncompiled (`_bound`)."""
         if self.rival is None or (False, self.rival[0]) > (m.line(k) > limit, self._mix_flops(m.lean, m.fast, k)):
             return False
         compile_rival, self.rival = self.rival[1], None
-        compile_rival()
-        return True
+        return compile_rival()
 
     def _of_preset(self, m: _Pair) -> bool:
         """Whether a mix has one of MaxText's presets on either side (`MAX_PRESET_MIXES`)."""

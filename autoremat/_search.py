@@ -598,11 +598,15 @@ class PlanSearch:
                 self.lowest_over and not self.in_reach(result.segments)):
             hand.rival = (_recompute_flops(result.segments) / self.share, self._compile_first)
 
-    def _compile_first(self) -> None:
-        """`first_round`'s plan, compiled (the mix search's `rival`)."""
+    def _compile_first(self) -> bool:
+        """`first_round`'s plan, compiled (the mix search's `rival`) where it can still win
+        (`can_win`: a mix compiled since may recompute less); whether it was."""
         target, result, _ = self.first
+        if not self.can_win(result.segments, quiet=True):
+            return False
         self._compile_round(0, result, "; among the mixes, which are compiled where they could beat it")
         self.first = (target, result, True)
+        return True
 
     def _say_round(self, rnd: int, result) -> None:
         self.say(f"round {rnd + 1}: solver {result.solver} ({result.status}, {result.solve_time:.2f}s) predicts "

@@ -498,7 +498,7 @@ def test_the_mix_search_never_loses_to_a_policy_mix_that_fits(case):
     hand = _hand.HandSearch(SimpleNamespace(traced=None), [Layer(i, i + 1, "k") for i in range(n)], None, None,
                             lambda m: None,
                             best_fit=lambda lim: solver * 1e9 if ("rival",) in compiled else math.inf)
-    hand.rival = (solver * 1e9, lambda: compiled.append(("rival",)))
+    hand.rival = (solver * 1e9, lambda: compiled.append(("rival",)) or True)
     set_pred = sets[0][0] * (1 + set_err)
     assume(int(set_pred * gib) > limit)  # predicted to fit alone, a set bounds the mixes (`sets_alone`'s case)
     hand.points = {lean: _hand.HandPlan(lean, None, int(policies[0][0] * gib), fa * 1e9),
