@@ -716,7 +716,7 @@ def test_while_nothing_fits_the_rebuilt_chains_are_built_while_the_first_plans_c
     search = _search_on_mlp_chain(1000, (1e9, 0.0))
     monkeypatch.setattr(_search, "_best_compiled", lambda sig, limit: None)
     monkeypatch.setattr(search, "hand_policies", lambda: None)
-    monkeypatch.setattr(search, "first_round", lambda: None)
+    monkeypatch.setattr(search, "first_round", lambda hand: None)
     monkeypatch.setattr(search, "solver_rounds", lambda: None)
     monkeypatch.setattr(search, "_try_lowest", lambda low, variant: "a plan that fits")
     monkeypatch.setattr(_search, "_chain_builder", lambda: _Queued())
