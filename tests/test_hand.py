@@ -470,7 +470,7 @@ def _mix_cases(draw):
     # peak (as in benchmarks/realscale.py, where the counts either side are the ones to tell apart)
     mixes = policies[0][1:-1] + policies[1][1:-1]
     limit = draw(st.one_of(st.floats(lean, lean + totals[1]), st.sampled_from(mixes or [lean])))
-    # the solver's first round, compiled before the mixes: none fitting, or one that fits and
+    # the solver's first round, compiled among the mixes: none fitting, or one that fits and
     # recomputes anything from nothing to more than the lean policy
     solver = draw(st.one_of(st.just(math.inf), st.floats(0.0, 16000.0)))
     return (n, lean, policies, sets, flops, limit, draw(st.one_of(st.floats(-0.01, 0.01), st.floats(0.01, 0.3))),
