@@ -179,7 +179,7 @@ class PlanSearch:
     short_chain: bool = False  # `_try_lowest` compiled a lowest-peak plan that could win over the budget
     fixed: str | None = None  # why the step's peak is out of remat's reach (`HandSearch.peak_fixed`)
     rebuilds: dict = field(default_factory=dict)  # merge -> Future of a rebuilt chain (`start_rebuilds`)
-    # (target, solver result, compiled) of round 1, where `first_round` solved it
+    # (target, solver result, its `_Compiled` or None) of round 1, where `first_round` solved it
     first: tuple | None = None
 
     # The budget is the bar on every backend.  A 2.5% margin off the CPU, set when two compiles
@@ -589,11 +589,11 @@ class PlanSearch:
         benchmarks/realscale.py at 238336a)."""
         target = self.first_target()
         try:
-            result = solve(self.model.problem, target, method=self.solver, time_limit=self.time_limit)
+            result = self._solve(target)
         except InfeasibleBudgetError:
             return
         self._say_round(0, result)
-        self.first = (target, result, False)
+        self.first = (target, result, None)
         if hand is not None and self.can_win(result.segments, quiet=True) and not (
                 self.lowest_over and not self.in_reach(result.segments)):
             hand.rival = (_recompute_flops(result.segments) / self.share, self._compile_first)
@@ -604,9 +604,13 @@ class PlanSearch:
         target, result, _ = self.first
         if not self.can_win(result.segments, quiet=True):
             return False
-        self._compile_round(0, result, "; among the mixes, which are compiled where they could beat it")
-        self.first = (target, result, True)
+        self.first = (target, result,
+                      self._compile_round(0, result, "; among the mixes, which are compiled where they could beat it"))
         return True
+
+    def _solve(self, target: int):
+        """The chain solver's plan for `target` (raises InfeasibleBudgetError)."""
+        return solve(self.model.problem, target, method=self.solver, time_limit=self.time_limit)
 
     def _say_round(self, rnd: int, result) -> None:
         self.say(f"round {rnd + 1}: solver {result.solver} ({result.status}, {result.solve_time:.2f}s) predicts "
@@ -632,11 +636,12 @@ class PlanSearch:
         for rnd in range(self.max_rounds + MAX_RAISES):
             if rnd >= self.max_rounds + steer.raised:
                 break
-            if rnd == 0 and self.first is not None:
-                result = self.first[1]
+            first = self.first if rnd == 0 else None  # (target, result, compiled or None): `first_round`'s
+            if first is not None:
+                result = first[1]
             else:
                 try:
-                    result = solve(self.model.problem, target, method=self.solver, time_limit=self.time_limit)
+                    result = self._solve(target)
                 except InfeasibleBudgetError as e:
                     if best is None and rnd == 0 and not self.validate:
                         raise self._infeasible_unvalidated(e) from None
@@ -644,12 +649,11 @@ class PlanSearch:
                 self._say_round(rnd, result)
             if not self.validate:
                 return self._unvalidated(result)
-            ahead = rnd == 0 and self.first is not None and self.first[2]  # compiled among the mixes
+            ahead = first is not None and first[2] is not None  # compiled among the mixes
             if not ahead and (not self.can_win(result.segments)
                               or (self.lowest_over and not self.in_reach(result.segments))):
                 break
-            compiled = (self.compile_segments(result.segments, "solver round 1", result) if ahead
-                        else self._compile_round(rnd, result)).peak
+            compiled = (first[2] if ahead else self._compile_round(rnd, result)).peak
             self.history.append({"round": rnd + 1, "target": target, "predicted": result.peak_bytes,
                                  "compiled": compiled, "segments": result.segments})
             if compiled <= self.budget and (best is None or result.objective < best[0]):
@@ -733,7 +737,7 @@ class PlanSearch:
             if variant != "next":
                 self.model = self._rebuilt(variant)
                 try:
-                    result = solve(self.model.problem, self.budget, method=self.solver, time_limit=self.time_limit)
+                    result = self._solve(self.budget)
                     how = f"solver, blocks merged {variant}"
                     if (self.can_win(result.segments) and self.in_reach(result.segments)
                             and self.compile_peak(result.segments, how, result) <= self.budget):

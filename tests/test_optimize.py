@@ -508,9 +508,10 @@ def test_the_first_round_is_the_mixes_rival_and_counted_by_the_rounds(monkeypatc
     assert hand.rival[1]()  # the mix search compiles it
     assert compiled == ["solver round 1"] and search.first[2]
     monkeypatch.setattr(search, "can_win", lambda segments, quiet=False: False)  # a mix that fits beats it
-    search.first = search.first[:2] + (False,)
+    got = search.first[2]
+    search.first = search.first[:2] + (None,)
     assert not hand.rival[1]() and compiled == ["solver round 1"]  # its turn came too late: not compiled
-    search.first = search.first[:2] + (True,)
+    search.first = search.first[:2] + (got,)
     compiled.clear()
     best = search.solver_rounds()
     assert solves == [900] and best[3] == "solver round 1"
