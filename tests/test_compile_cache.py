@@ -68,7 +68,7 @@ import json, autoremat
 autoremat.configure_cpu_flags()
 from autoremat import examples
 ex = examples.get_example("mlp_chain", n_layers=4, width=64, batch=64)
-plan = autoremat.optimize(ex.fn, budget=0.8).plan(*ex.args)
+plan = autoremat.optimize(ex.fn, budget=0.7).plan(*ex.args)  # two compiles: 0.8 takes one
 print(json.dumps({k: plan.meta.get(k) for k in ("found_by", "compiled_peak", "compiles", "cached_compiles",
                                                   "extra_flops")}))
 """

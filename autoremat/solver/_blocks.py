@@ -1,8 +1,9 @@
 """Where the chain's blocks are cut: at the residual stream between layers.
 
 The top-level equations are cut into a chain of blocks at the positions where the bytes of
-intermediate values crossing the cut are a local minimum (the residual stream between layers);
-each top-level `scan` is a block of its own.  `find_blocks` also merges light blocks into their
+intermediate values crossing the cut are a local minimum (the residual stream between layers)
+and at the edges of the layers `graph.find_layers` finds (so a region can be exactly a layer
+checkpointed by hand); each top-level `scan` is a block of its own.  `find_blocks` also merges light blocks into their
 neighbours (`merge="next"`/`"prev"`/`"none"`), and `_signature` gives blocks with the same
 structure the same key, so repeated layers share their per-block work.
 """
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 
 from autoremat.graph._graph import Graph, OpInfo
-from autoremat.graph._layers import crossing_bytes, is_heavy
+from autoremat.graph._layers import crossing_bytes, find_layers, is_heavy
 
 
 
@@ -52,6 +53,16 @@ def find_blocks(g: Graph, *, max_blocks: int = 160, merge: str = "next") -> tupl
     for i, op in enumerate(ops):
         if op.primitive == "scan":
             forced.update((i, i + 1))
+    # With merge="next" (the chain planned first) the layers' edges too, so that a region can
+    # be exactly a layer a person checkpoints by hand: Llama 1B's dots_with_no_batch_dims_saveable
+    # per layer, cut on the nearest block edges (each region from 9 equations into its layer,
+    # after the RMSNorm, to 9 into the next: the cut at the layer's edge, where half the bytes
+    # cross, fell within min_ops of the one before), compiled to 15.30 GiB where written by
+    # hand 13.39 (docs/FINDINGS.md, fortieth session).  The other two chains, rebuilt
+    # when no plan of it fits, keep their own cuts: they are there to cut elsewhere (a 4-layer
+    # MLP's fitting plan, two layers a region, is on the "prev" chain's edges).
+    edges = {e for la in find_layers(g) for e in (la.start, la.stop)} if merge == "next" else set()
+    forced |= edges
     cuts = set(forced)
     for p in range(1, n):
         if cross[p] <= cross[p - 1] and cross[p] <= cross[p + 1]:
@@ -92,6 +103,8 @@ def find_blocks(g: Graph, *, max_blocks: int = 160, merge: str = "next") -> tupl
         else:
             keep = any(heavy[a:b]) or bounds[k] in forced
         if keep:
+            if b in edges and not any(heavy[a:b]) and len(merged) > 1 and a not in forced:
+                merged.pop()  # a light layer tail (the residual add) closes its layer
             merged.append(bounds[k])
     if merge == "next" and len(merged) > 1 and not any(heavy[merged[-1]:n]) and merged[-1] not in forced:
         merged.pop()  # a trailing light block (loss reduction) joins the one before
