@@ -89,26 +89,8 @@ def find_blocks(g: Graph, *, max_blocks: int = 160, merge: str = "next") -> tupl
                 kept.append(c)
                 last = c
     bounds = [0] + kept + [n]
-    # Merge blocks with no heavy equation (layer norms, residual adds) into the next block:
-    # regions then start at the residual stream before a layer's first projection.
     heavy = [is_heavy(op) for op in ops]
-    merged = [0]
-    for k in range(1, len(bounds) - 1):
-        a, b = merged[-1], bounds[k]
-        if merge == "none":
-            keep = True
-        elif merge == "prev" and bounds[k] not in forced:
-            # ... and the first cut of a heavy-free tail (the loss stays its own block).
-            keep = any(heavy[a:b]) and (any(heavy[b:bounds[k + 1]]) or not any(heavy[b:n]))
-        else:
-            keep = any(heavy[a:b]) or bounds[k] in forced
-        if keep:
-            if b in edges and not any(heavy[a:b]) and len(merged) > 1 and a not in forced:
-                merged.pop()  # a light layer tail (the residual add) closes its layer
-            merged.append(bounds[k])
-    if merge == "next" and len(merged) > 1 and not any(heavy[merged[-1]:n]) and merged[-1] not in forced:
-        merged.pop()  # a trailing light block (loss reduction) joins the one before
-    bounds = merged + [n]
+    bounds = _merged(bounds, heavy, forced, edges, merge)
     blocks = []
     for k in range(len(bounds) - 1):
         a, b = bounds[k], bounds[k + 1]
@@ -116,6 +98,31 @@ def find_blocks(g: Graph, *, max_blocks: int = 160, merge: str = "next") -> tupl
         kind = "scan" if (b - a == 1 and ops[a].primitive == "scan") else "ops"
         blocks.append(Block(k, a, b, ids, kind, _signature(g, ops[a:b]), any(heavy[a:b])))
     return tuple(blocks)
+
+
+def _merged(bounds: list[int], heavy: list[bool], forced: set, edges: set, merge: str) -> list[int]:
+    """The block edges `bounds` (0 first, n last) with blocks of no heavy equation (layer norms,
+    residual adds) merged (`find_blocks`' `merge`); with "next" into the next block, so regions
+    start at the residual stream before a layer's first projection, but a light block ending on
+    a layer's edge (`edges`) into the one before."""
+    n = bounds[-1]
+    merged = [0]
+    for k in range(1, len(bounds) - 1):
+        a, b = merged[-1], bounds[k]
+        if merge == "none":
+            keep = True
+        elif merge == "prev" and b not in forced:
+            # ... and the first cut of a heavy-free tail (the loss stays its own block).
+            keep = any(heavy[a:b]) and (any(heavy[b:bounds[k + 1]]) or not any(heavy[b:n]))
+        else:
+            keep = any(heavy[a:b]) or b in forced
+        if keep:
+            if b in edges and not any(heavy[a:b]) and len(merged) > 1 and a not in forced:
+                merged.pop()  # a light layer tail (the residual add) closes its layer
+            merged.append(b)
+    if merge == "next" and len(merged) > 1 and not any(heavy[merged[-1]:n]) and merged[-1] not in forced:
+        merged.pop()  # a trailing light block (loss reduction) joins the one before
+    return merged + [n]
 
 
 def _signature(g: Graph, ops: Sequence[OpInfo]) -> str:
