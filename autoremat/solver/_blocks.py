@@ -3,9 +3,9 @@
 The top-level equations are cut into a chain of blocks at the positions where the bytes of
 intermediate values crossing the cut are a local minimum (the residual stream between layers)
 and at the edges of the layers `graph.find_layers` finds (so a region can be exactly a layer
-checkpointed by hand); each top-level `scan` is a block of its own.  `find_blocks` also merges light blocks into their
-neighbours (`merge="next"`/`"prev"`/`"none"`), and `_signature` gives blocks with the same
-structure the same key, so repeated layers share their per-block work.
+checkpointed by hand); each top-level `scan` is a block of its own.  `find_blocks` also merges
+light blocks into their neighbours (`merge="next"`/`"prev"`/`"none"`), and `_signature` gives
+blocks with the same structure the same key, so repeated layers share their per-block work.
 """
 
 from __future__ import annotations
