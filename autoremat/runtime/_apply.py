@@ -6,7 +6,9 @@ name-based (`save_only_these_names`, or `save_and_offload_only_these_names` when
 offloads), and the values the plan keeps are tagged with `checkpoint_name`.  Scans with a
 `ScanPlan` are re-issued through `jax.lax.scan` with a checkpointed body.  The user's own
 checkpoints the plan keeps (`Plan.user_checkpoints`) become `jax.checkpoint` calls with their
-policies again, inside the region they lie in; the others stay inlined.  Because only
+policies again, inside the region they lie in; the others stay inlined.  A region that draws
+random bits gets its keys tied to its activations first (`_rng.py`), so XLA cannot draw every
+layer's bits at the start of the step.  Because only
 names and public policies are used, the result behaves the same with `jax_remat3` on and
 off and under `jit`, `grad`, `value_and_grad` and `vmap` (under remat3 the checkpoints are tied
 to the backward pass, see `_checkpoint.py`, which costs forward-mode differentiation).
@@ -27,6 +29,7 @@ from autoremat.graph._shard_map import rebuilt, shard_map_body
 from autoremat.graph._trace import Traced, signature_key, split_static, trace
 from autoremat.runtime._checkpoint import checkpoint
 from autoremat.runtime._plan import Plan, Region, ScanPlan, checkpoint_names
+from autoremat.runtime._rng import rng_ties, tie_keys
 from autoremat.runtime._varying import cast_varying, evaluated
 
 
@@ -163,13 +166,15 @@ class _Evaluator:
         self._as_call(env, u.start, u.stop, lambda local: self._eqns(local, u.start, u.stop, tags, inside=i),
                       lambda body: jax.checkpoint(body, policy=u.policy, prevent_cse=u.prevent_cse))
 
-    def _as_call(self, env, start: int, stop: int, run, wrap):
+    def _as_call(self, env, start: int, stop: int, run, wrap, tie: bool = False):
         """Equations `[start, stop)` as one call of their live-in values, made by `wrap` (a
-        checkpoint) around a body in which `run(local)` evaluates them."""
+        checkpoint) around a body in which `run(local)` evaluates them; with `tie`, the keys
+        they draw random bits from tied to their activations first (`_rng.rng_ties`)."""
         ins, outs = _live_sets(self.jaxpr, start, stop)
+        ties = rng_ties(self.jaxpr, start, stop, ins) if tie else None
 
         def body(*in_vals):
-            local = dict(zip(ins, in_vals))
+            local = dict(zip(ins, tie_keys(in_vals, ties)))
             run(local)
             return [local[v] for v in outs]
 
@@ -199,7 +204,8 @@ class _Evaluator:
         saved = sorted(set(checkpoint_names(self.plan.values, r.saved).values()))
         offloaded = sorted(set(checkpoint_names(self.plan.values, r.offloaded).values()))
         self._as_call(env, r.start, r.stop, lambda local: self._run_range(local, r.start, r.stop, r.children, tags),
-                      lambda body: checkpoint(body, policy=region_policy(saved, offloaded, r.policy), prevent_cse=True))
+                      lambda body: checkpoint(body, policy=region_policy(saved, offloaded, r.policy), prevent_cse=True),
+                      tie=True)
 
 
 def _run_scan(eqn, invals, sp: ScanPlan, plan: Plan, oid: str):

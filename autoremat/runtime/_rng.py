@@ -1,0 +1,88 @@
+"""Random keys tied to the region that draws from them.
+
+A key depends on the step's arguments alone, so XLA may draw every layer's random bits before
+the first layer runs and hold them all at once: the dropout decoder of `benchmarks/unseen.py`
+(12 layers, dropout on the attention probabilities) compiled to 22.41 GiB under
+`nothing_saveable` per layer where the same decoder without dropout compiled to 6.90, the
+attention masks holding 13.4 GiB of it (`benchmarks/dropout_masks.py`, docs/FINDINGS.md,
+forty-first session).  A checkpointed region that draws random bits therefore passes its keys
+through `jax.lax.optimization_barrier` together with its largest floating-point input computed
+by an earlier equation (the activations it works on), so its bits are drawn only once the
+region runs: 7.66 GiB there.  The barrier is the identity on values: the same keys, the same
+bits, the same gradients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.extend as jex
+import jax.numpy as jnp
+
+__all__ = ["rng_ties", "tie_keys"]
+
+# The primitives that turn a key into random bits, and the one that makes a typed key of raw
+# uint32 key data (legacy `jax.random.PRNGKey` keys).
+_DRAWS = frozenset({"random_bits", "threefry2x32"})
+_WRAP = "random_wrap"
+
+
+def _draws(eqns) -> bool:
+    """Whether any of `eqns` (or an equation of a jaxpr nested in one) draws random bits."""
+    for e in eqns:
+        if e.primitive.name in _DRAWS:
+            return True
+        if any(_draws(sub.eqns) for sub in jex.core.jaxprs_in_params(e.params)):
+            return True
+    return False
+
+
+def _is_key(aval) -> bool:
+    return jax.dtypes.issubdtype(getattr(aval, "dtype", None), jax.dtypes.prng_key)
+
+
+def _raw_keys(eqns, ins: Sequence) -> set[int]:
+    """The positions in `ins` of the uint32 inputs that `eqns` make typed keys of (legacy keys:
+    `random_wrap` of key data, sliced from a split array first or not)."""
+    came = {v: {k} for k, v in enumerate(ins) if getattr(v.aval, "dtype", None) == jnp.uint32}
+    out: set[int] = set()
+    for e in eqns:
+        src = set().union(*(came.get(v, set()) for v in e.invars if not isinstance(v, jex.core.Literal)))
+        if e.primitive.name == _WRAP:
+            out |= src
+        elif src:
+            came.update({v: src for v in e.outvars})
+    return out
+
+
+def rng_ties(jaxpr, start: int, stop: int, ins: Sequence) -> tuple[tuple[int, ...], int] | None:
+    """For the equations `[start, stop)` of `jaxpr` with live-in variables `ins`: (the positions
+    in `ins` of the keys they draw from, the position of the input to tie them to), or None
+    where they draw no random bits, take no key from outside, or have no floating-point input
+    computed before them (the activations: a key tied to an argument could still be drawn at
+    the start)."""
+    eqns = jaxpr.eqns[start:stop]
+    if not _draws(eqns):
+        return None
+    raw = _raw_keys(eqns, ins)
+    keys = tuple(k for k, v in enumerate(ins) if _is_key(v.aval) or k in raw)
+    produced = {v for e in jaxpr.eqns[:start] for v in e.outvars}
+    acts = [k for k, v in enumerate(ins) if v in produced and not _is_key(v.aval)
+            and jnp.issubdtype(v.aval.dtype, jnp.floating)]
+    if not keys or not acts:
+        return None
+    return keys, max(acts, key=lambda k: ins[k].aval.size * ins[k].aval.dtype.itemsize)
+
+
+def tie_keys(vals: Sequence, ties: tuple[tuple[int, ...], int] | None) -> list:
+    """`vals` (a region's live-in values) with the keys of `ties` (`rng_ties`) and the input they
+    are tied to passed through one optimization barrier."""
+    vals = list(vals)
+    if ties is None:
+        return vals
+    keys, anchor = ties
+    at = (*keys, anchor)
+    for k, val in zip(at, jax.lax.optimization_barrier(tuple(vals[k] for k in at))):
+        vals[k] = val
+    return vals
