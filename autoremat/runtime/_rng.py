@@ -38,14 +38,18 @@ def _draws(eqns) -> bool:
     return False
 
 
+def _dtype(aval):
+    return getattr(aval, "dtype", None)  # None for tokens
+
+
 def _is_key(aval) -> bool:
-    return jax.dtypes.issubdtype(getattr(aval, "dtype", None), jax.dtypes.prng_key)
+    return _dtype(aval) is not None and jax.dtypes.issubdtype(_dtype(aval), jax.dtypes.prng_key)
 
 
 def _raw_keys(eqns, ins: Sequence) -> set[int]:
     """The positions in `ins` of the uint32 inputs that `eqns` make typed keys of (legacy keys:
     `random_wrap` of key data, sliced from a split array first or not)."""
-    came = {v: {k} for k, v in enumerate(ins) if getattr(v.aval, "dtype", None) == jnp.uint32}
+    came = {v: {k} for k, v in enumerate(ins) if _dtype(v.aval) == jnp.uint32}
     out: set[int] = set()
     for e in eqns:
         src = set().union(*(came.get(v, set()) for v in e.invars if not isinstance(v, jex.core.Literal)))
@@ -68,8 +72,8 @@ def rng_ties(jaxpr, start: int, stop: int, ins: Sequence) -> tuple[tuple[int, ..
     raw = _raw_keys(eqns, ins)
     keys = tuple(k for k, v in enumerate(ins) if _is_key(v.aval) or k in raw)
     produced = {v for e in jaxpr.eqns[:start] for v in e.outvars}
-    acts = [k for k, v in enumerate(ins) if v in produced and not _is_key(v.aval)
-            and jnp.issubdtype(v.aval.dtype, jnp.floating)]
+    acts = [k for k, v in enumerate(ins) if v in produced and _dtype(v.aval) is not None
+            and not _is_key(v.aval) and jnp.issubdtype(_dtype(v.aval), jnp.floating)]
     if not keys or not acts:
         return None
     return keys, max(acts, key=lambda k: ins[k].aval.size * ins[k].aval.dtype.itemsize)
