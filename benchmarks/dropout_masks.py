@@ -7,7 +7,9 @@ compiles to 6.9 (`results/unseen.md`, `results/peak_location.md`: only the first
 saved values move it).  This compiles it with `nothing_saveable` and `dots_saveable` per layer:
 with its dropouts switched off in turn, and with each dropout's key tied to the value it masks by
 `jax.lax.optimization_barrier` (identity on values: the same masks, the same gradients), so
-XLA cannot generate a layer's mask before that layer runs.
+XLA cannot generate a layer's mask before that layer runs; and, last, the same policies as
+autoremat realizes them (`autoremat.apply` of their twins per layer), which ties the keys itself
+(`runtime/_rng.py`).
 
     .venv/bin/python benchmarks/dropout_masks.py     # -> benchmarks/results/dropout_masks.md, ~2 min
 """
@@ -27,7 +29,12 @@ import jax  # noqa: E402
 
 from _common import models_run, write_results  # noqa: E402
 import _unseen  # noqa: E402
+from autoremat._bridge import to_plan  # noqa: E402
+from autoremat._search import POLICY_KIND_OF  # noqa: E402
+from autoremat.graph import build_graph  # noqa: E402
+from autoremat.graph._layers import find_layers  # noqa: E402
 from autoremat.runtime._validate import compiled_stats  # noqa: E402
+from autoremat.solver._chain_model import build_chain_model  # noqa: E402
 
 _MASK = _unseen._dropout
 # Which of a layer's three dropouts (in the order `_dropout_layer` calls them: the attention
@@ -63,6 +70,17 @@ def _peak(policy: str, keep, tied: bool) -> float:
         _unseen._dropout = _MASK
 
 
+def _applied(policy: str) -> float:
+    """The policy once per layer in the chain model's terms (its twin: `ChainModel.per_span`),
+    through `autoremat.apply`, which ties a region's keys to its activations (`runtime/_rng.py`)."""
+    jax.clear_caches()
+    fn, args, _, _ = _unseen.dropout()
+    g = build_graph(fn, *args)
+    m = build_chain_model(g, offload=False)
+    segs = m.per_span(POLICY_KIND_OF[policy], [(la.start, la.stop) for la in find_layers(g)])
+    return compiled_stats(autoremat.apply(fn, to_plan(m, segs)), *args).peak_bytes / GiB
+
+
 def main(argv=None) -> int:
     a, say, t0 = models_run(__doc__.split("\n")[0], ("dropout",), "dropout_masks.md", argv)
     body = ["| dropouts | keys tied to the masked value | " + " | ".join(f"{p} per layer, GiB" for p in POLICIES)
@@ -72,6 +90,9 @@ def main(argv=None) -> int:
         peaks = [_peak(p, VARIANTS[label], tied) for p in POLICIES]
         body.append(f"| {label} | {'yes' if tied else 'no'} | " + " | ".join(f"{x:.2f}" for x in peaks) + " |")
         say(body[-1])
+    peaks = [_applied(p) for p in POLICIES]
+    body.append("| all three, through `autoremat.apply` | by `apply` | " + " | ".join(f"{x:.2f}" for x in peaks) + " |")
+    say(body[-1])
     write_results(a, say, t0, "dropout_masks.py", ("dropout",), "The dropout decoder's masks, compiled",
                   "Compiled peak = argument + output + temp - alias of `value_and_grad`, one device; "
                   f"{_unseen._dropout_desc('layers unrolled')}.", body)
