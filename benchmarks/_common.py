@@ -79,6 +79,18 @@ def write_results(a, say, t0: float, script: str, models, title: str, about: str
     _write(a.out, f"# {title}", cmd, t0, about, body, say)
 
 
+def table_main(argv, doc: str, models, script: str, header: list, model_rows, title: str, about: str) -> int:
+    """The whole of a results script that writes one markdown table over realscale.py models
+    (`models_run`'s options): `header` (its two lines), then `model_rows(name, say)` per model,
+    written to results/<script>.md (`write_results`)."""
+    a, say, t0 = models_run(doc.split("\n")[0], models, script.replace(".py", ".md"), argv)
+    body = list(header)
+    for name in a.models:
+        body += model_rows(name, say)
+    write_results(a, say, t0, script, models, title, about, body)
+    return 0
+
+
 def checkout_args(description: str, argv=None, extra=None):
     """`--root` (the checkout whose autoremat plans) and `--model` (a realscale.py model), with
     that checkout's autoremat put first on the path and XLA:CPU's flags set: the setup of the

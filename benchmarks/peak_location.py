@@ -32,7 +32,7 @@ autoremat.configure_cpu_flags()
 
 import jax  # noqa: E402
 
-from _common import models_run, write_results  # noqa: E402
+from _common import table_main  # noqa: E402
 import realscale  # noqa: E402
 from autoremat._bridge import to_plan  # noqa: E402
 from autoremat._optimize import _calibrated  # noqa: E402
@@ -117,18 +117,16 @@ def model_rows(name: str, say) -> list[str]:
 
 
 def main(argv=None) -> int:
-    a, say, t0 = models_run(__doc__.split("\n")[0], MODELS, "peak_location.md", argv)
-    body = ["| model | layers | plan | compiled MiB | model MiB | model, gradients from the start, MiB | "
-            "model error | from the start, error |", "|---|---:|---|---:|---:|---:|---:|---:|"]
-    for name in a.models:
-        body += model_rows(name, say)
-    write_results(a, say, t0, "peak_location.py", MODELS, "Where the compiled peak sits, against the chain model",
-                  "Compiled peak = argument + output + temp - alias of `value_and_grad`, one device. 'model': "
-                  "the chain model as `optimize` plans with it (calibrated on the compiled un-optimized step; a "
-                  "gradient counted from the backward of its parameter's first use); 'from the start': the same "
-                  "with every gradient output counted throughout. Rows 'change': one layer switched, the "
-                  "figures' change against the same policy on every layer.", body)
-    return 0
+    return table_main(
+        argv, __doc__, MODELS, "peak_location.py",
+        ["| model | layers | plan | compiled MiB | model MiB | model, gradients from the start, MiB | "
+         "model error | from the start, error |", "|---|---:|---|---:|---:|---:|---:|---:|"], model_rows,
+        "Where the compiled peak sits, against the chain model",
+        "Compiled peak = argument + output + temp - alias of `value_and_grad`, one device. 'model': "
+        "the chain model as `optimize` plans with it (calibrated on the compiled un-optimized step; a "
+        "gradient counted from the backward of its parameter's first use); 'from the start': the same "
+        "with every gradient output counted throughout. Rows 'change': one layer switched, the "
+        "figures' change against the same policy on every layer.")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import autoremat  # noqa: E402
 
 autoremat.configure_cpu_flags()
 
-from _common import models_run, write_results  # noqa: E402
+from _common import table_main  # noqa: E402
 import realscale  # noqa: E402
 from autoremat._bridge import to_plan  # noqa: E402
 from autoremat._search import POLICY_KIND_OF  # noqa: E402
@@ -62,14 +62,12 @@ def model_rows(name: str, say) -> list[str]:
 
 
 def main(argv=None) -> int:
-    a, say, t0 = models_run(__doc__.split("\n")[0], MODELS, "twin_peaks.md", argv)
-    body = ["| model | blocks | layer edges on block edges | policy per layer | hand-written GiB | twin GiB | "
-            "twin - hand GiB | model GiB (twin) |", "|---|---:|---|---|---:|---:|---:|---:|"]
-    for name in a.models:
-        body += model_rows(name, say)
-    write_results(a, say, t0, "twin_peaks.py", MODELS, "The model's per-layer plans against the hand-written ones",
-                  "Compiled peak = argument + output + temp - alias of `value_and_grad`, one device.", body)
-    return 0
+    return table_main(
+        argv, __doc__, MODELS, "twin_peaks.py",
+        ["| model | blocks | layer edges on block edges | policy per layer | hand-written GiB | twin GiB | "
+         "twin - hand GiB | model GiB (twin) |", "|---|---:|---|---|---:|---:|---:|---:|"], model_rows,
+        "The model's per-layer plans against the hand-written ones",
+        "Compiled peak = argument + output + temp - alias of `value_and_grad`, one device.")
 
 
 if __name__ == "__main__":
