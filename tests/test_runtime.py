@@ -622,7 +622,7 @@ def test_regions_without_random_bits_are_not_tied():
     draws = [k for k, e in enumerate(eqns) if e.primitive.name == "random_bits"]
     dots = [k for k, e in enumerate(eqns) if e.primitive.name == "dot_general"]
     assert len(draws) == 2 and len(dots) == 4
-    ins, _ = _live_sets(t.jaxpr, dots[2], dots[3] + 1)  # layer 2: its key drawn inside
+    ins, _ = _live_sets(t.jaxpr, dots[2], dots[3] + 1)  # the second layer: its bits drawn inside
     ties = rng_ties(t.jaxpr, dots[2], dots[3] + 1, ins)
     assert ties is not None
     keys, anchor = ties

@@ -8,7 +8,7 @@ attention masks holding 13.4 GiB of it (`benchmarks/dropout_masks.py`, docs/FIND
 forty-first session).  A checkpointed region that draws random bits therefore passes its keys
 through `jax.lax.optimization_barrier` together with its largest floating-point input computed
 by an earlier equation (the activations it works on), so its bits are drawn only once the
-region runs: 7.66 GiB there.  The barrier is the identity on values: the same keys, the same
+region runs: 8.65 GiB there (`nothing_saveable` per layer through `apply`).  The barrier is the identity on values: the same keys, the same
 bits, the same gradients.
 """
 
