@@ -70,15 +70,16 @@ def _peak(policy: str, keep, tied: bool) -> float:
         _unseen._dropout = _MASK
 
 
-def _applied(policy: str) -> float:
-    """The policy once per layer in the chain model's terms (its twin: `ChainModel.per_span`),
+def _applied() -> list[float]:
+    """`POLICIES`, each once per layer in the chain model's terms (its twin: `ChainModel.per_span`),
     through `autoremat.apply`, which ties a region's keys to its activations (`runtime/_rng.py`)."""
     jax.clear_caches()
     fn, args, _, _ = _unseen.dropout()
     g = build_graph(fn, *args)
     m = build_chain_model(g, offload=False)
-    segs = m.per_span(POLICY_KIND_OF[policy], [(la.start, la.stop) for la in find_layers(g)])
-    return compiled_stats(autoremat.apply(fn, to_plan(m, segs)), *args).peak_bytes / GiB
+    spans = [(la.start, la.stop) for la in find_layers(g)]
+    return [compiled_stats(autoremat.apply(fn, to_plan(m, m.per_span(POLICY_KIND_OF[p], spans))), *args).peak_bytes
+            / GiB for p in POLICIES]
 
 
 def main(argv=None) -> int:
@@ -90,7 +91,7 @@ def main(argv=None) -> int:
         peaks = [_peak(p, VARIANTS[label], tied) for p in POLICIES]
         body.append(f"| {label} | {'yes' if tied else 'no'} | " + " | ".join(f"{x:.2f}" for x in peaks) + " |")
         say(body[-1])
-    peaks = [_applied(p) for p in POLICIES]
+    peaks = _applied()
     body.append("| all three, through `autoremat.apply` | by `apply` | " + " | ".join(f"{x:.2f}" for x in peaks) + " |")
     say(body[-1])
     write_results(a, say, t0, "dropout_masks.py", ("dropout",), "The dropout decoder's masks, compiled",
