@@ -44,9 +44,16 @@ description, layers), as `_thirdparty.py`'s do.
   (`jax.random.key`) split per layer inside the loss, so every layer holds random-bit generation
   the backward pass may keep or draw again; its layers unrolled, or in a scan over layers whose
   keys are scanned with the weights (`dropout_scan`).
+* `sdepth`: the same decoder trained with stochastic depth instead: each layer runs or is the
+  identity on one Bernoulli draw (`lax.cond`), the chance to run falling linearly from 1 to 0.8
+  at the last layer, so every layer is a `cond` holding its matmuls and draws one random scalar;
+  its layers unrolled, or in a scan over layers whose keys and chances are scanned with the
+  weights (`sdepth_scan`).
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -725,15 +732,14 @@ def _dropout_layer(h, p, key):
     return h + _dropout(jax.nn.gelu(_ln(h) @ p["w1"]) @ p["w2"], k_mlp)
 
 
-def _dropout_args(layers) -> tuple:
-    d = DR
+def _dropout_args(layers, d=DR) -> tuple:
     params = {"embed": sd((d["V"], d["D"]), bf), "pos": sd((d["S"], d["D"]), bf), "layers": layers,
               "head": sd((d["D"], d["V"]), bf)}
     return params, sd((d["B"], d["S"]), jnp.int32), jax.eval_shape(lambda: jax.random.key(0))
 
 
-def _dropout_shapes() -> dict:
-    D, F = DR["D"], DR["F"]
+def _dropout_shapes(d=DR) -> dict:
+    D, F = d["D"], d["F"]
     return {"wq": (D, D), "wk": (D, D), "wv": (D, D), "wo": (D, D), "w1": (D, F), "w2": (F, D)}
 
 
@@ -768,9 +774,64 @@ def _dropout_desc(how: str) -> str:
             f"d_model {d['D']}, d_ff {d['F']}, seq {d['S']}, batch {d['B']}, bf16")
 
 
+# -- a GPT-2-style decoder trained with stochastic depth: each layer runs or is skipped -------
+SDEPTH = dict(L=12, D=2048, H=16, F=8192, V=32000, S=1024, B=8, drop=0.2)
+
+
+def _survival() -> list[float]:
+    """Each layer's chance to run: from 1 down to 1 - drop at the last layer, linearly (Huang et
+    al.'s rule)."""
+    d = SDEPTH
+    return [1 - d["drop"] * (i + 1) / d["L"] for i in range(d["L"])]
+
+
+def _sdepth_layer(h, p, key, survive):
+    """A GPT-2 layer (LayerNorm, causal attention, GELU MLP) that runs with probability `survive`
+    (`lax.cond` on one Bernoulli draw from `key`), its branches scaled by 1 / `survive`, and is
+    the identity otherwise."""
+    def run(h):
+        x = _ln(h)
+        h = h + (_attn(x, x, p, SDEPTH["H"], True) / survive).astype(bf)
+        return h + (jax.nn.gelu(_ln(h) @ p["w1"]) @ p["w2"] / survive).astype(bf)
+    return jax.lax.cond(jax.random.bernoulli(key, survive), run, lambda h: h, h)
+
+
+def sdepth(policies=None, prevent_cse=True):
+    d = SDEPTH
+    args = _dropout_args([{k: sd(s, bf) for k, s in _dropout_shapes(d).items()} for _ in range(d["L"])], d)
+    pols = list(policies) if policies is not None else [None] * d["L"]
+
+    def loss(params, tokens, key):
+        h = params["embed"][tokens] + params["pos"]
+        for p, pol, k, s in zip(params["layers"], pols, jax.random.split(key, d["L"]), _survival()):
+            h = _wrap(functools.partial(_sdepth_layer, survive=s), pol, prevent_cse)(h, p, k)
+        return _xent(_ln(h) @ params["head"], tokens)
+    return loss, args, _sdepth_desc("layers unrolled"), d["L"]
+
+
+def sdepth_scan(policies=None, prevent_cse=True):
+    d = SDEPTH
+    args = _dropout_args({k: sd((d["L"], *s), bf) for k, s in _dropout_shapes(d).items()}, d)
+    body = _wrap(lambda h, pks: (_sdepth_layer(h, *pks), None), (policies or [None])[0], prevent_cse)
+
+    def loss(params, tokens, key):
+        h = params["embed"][tokens] + params["pos"]
+        xs = (params["layers"], jax.random.split(key, d["L"]), jnp.asarray(_survival(), jnp.float32))
+        h, _ = jax.lax.scan(body, h, xs)
+        return _xent(_ln(h) @ params["head"], tokens)
+    return loss, args, _sdepth_desc("scan over layers"), d["L"]
+
+
+def _sdepth_desc(how: str) -> str:
+    d = SDEPTH
+    return (f"GPT-2-style decoder trained with stochastic depth (each layer skipped on one Bernoulli draw, "
+            f"`lax.cond`, up to {d['drop']} at the last; {how}): {d['L']} layers, d_model {d['D']}, d_ff {d['F']}, "
+            f"seq {d['S']}, batch {d['B']}, bf16")
+
+
 def scale_batches(k: int) -> None:
     """Every model's batch times `k` (as `realscale.scale_batches`)."""
-    for d, key in ((MOE, "B"), (UNET, "batch"), (ED, "B"), (VIT, "batch"), (ALT, "B"), (PZ, "B"), (SCANS, "B"), (SSD, "B"), (FA, "B"), (CK, "B"), (MIXED, "B"), (DR, "B")):
+    for d, key in ((MOE, "B"), (UNET, "batch"), (ED, "B"), (VIT, "batch"), (ALT, "B"), (PZ, "B"), (SCANS, "B"), (SSD, "B"), (FA, "B"), (CK, "B"), (MIXED, "B"), (DR, "B"), (SDEPTH, "B")):
         d[key] *= k
 
 
@@ -778,4 +839,5 @@ BUILDERS = {"moe": moe, "unet": unet, "encdec": encdec, "vit_nnx": vit_nnx, "alt
             "penzai": penzai, "penzai_scan": penzai_scan, "nnx_scan": nnx_scan, "equinox_scan": equinox_scan,
             "ssd": ssd, "ssd_scan": ssd_scan, "vjp_attention": vjp_attention,
             "inner_checkpoint": inner_checkpoint, "inner_checkpoint_scan": inner_checkpoint_scan,
-            "mixed": mixed, "mixed_scan": mixed_scan, "dropout": dropout, "dropout_scan": dropout_scan}
+            "mixed": mixed, "mixed_scan": mixed_scan, "dropout": dropout, "dropout_scan": dropout_scan,
+            "sdepth": sdepth, "sdepth_scan": sdepth_scan}
