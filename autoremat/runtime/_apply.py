@@ -21,6 +21,8 @@ from collections.abc import Sequence
 
 import jax
 import jax.extend as jex
+import jax.numpy as jnp
+import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from autoremat._errors import PlanMismatchError
@@ -113,7 +115,7 @@ class _Evaluator:
 
     def __init__(self, traced: Traced, plan: Plan):
         self.jaxpr = traced.jaxpr
-        self.consts = traced.closed_jaxpr.consts
+        self.consts = [_as_jax(c) for c in traced.closed_jaxpr.consts]
         self.plan = plan
         self.scans = {s.op: s for s in plan.scans}
         # id of each top-level var, for tagging
@@ -206,6 +208,17 @@ class _Evaluator:
         self._as_call(env, r.start, r.stop, lambda local: self._run_range(local, r.start, r.stop, r.children, tags),
                       lambda body: checkpoint(body, policy=region_policy(saved, offloaded, r.policy), prevent_cse=True),
                       tie=True)
+
+
+def _as_jax(const):
+    """A constant of the traced jaxpr as the user's function had it: a JAX array where the trace
+    kept a NumPy one.  JAX differentiates a scan over a NumPy array by stacking the per-iteration
+    slices its backward reads as a new residual, where over a JAX array it reads the array
+    itself: the stochastic-depth decoder's per-layer survival chances (`benchmarks/unseen.py`,
+    `sdepth_scan`), scanned with the weights, made the planner's copies of JAX's policies on its
+    scan body compile 64 bytes above the same policies written by hand, so none fitted those
+    plans' peaks (tests/test_runtime.py)."""
+    return jnp.asarray(const) if isinstance(const, np.ndarray) else const
 
 
 def _run_scan(eqn, invals, sp: ScanPlan, plan: Plan, oid: str):
