@@ -8,8 +8,10 @@ attention masks holding 13.4 GiB of it (`benchmarks/dropout_masks.py`, docs/FIND
 forty-first session).  A checkpointed region that draws random bits therefore passes its keys
 through `jax.lax.optimization_barrier` together with its largest floating-point input computed
 by an earlier equation (the activations it works on), so its bits are drawn only once the
-region runs: 8.65 GiB there (`nothing_saveable` per layer through `apply`).  The barrier is the identity on values: the same keys, the same
-bits, the same gradients.
+region runs: 8.65 GiB there (`nothing_saveable` per layer through `apply`).  The barrier is the
+identity on values: the same keys, the same bits, the same gradients.  It is not free, though,
+so a region is tied only where its bits take at least that input's bytes (`rng_ties`): a layer
+that draws one scalar has nothing worth drawing late.
 """
 
 from __future__ import annotations
@@ -76,7 +78,8 @@ def rng_ties(jaxpr, start: int, stop: int, ins: Sequence) -> tuple[tuple[int, ..
     scalar each (stochastic depth, `lax.cond` on a Bernoulli draw; a /tmp probe of 6 layers
     at d_model 128) compiled 960-1536 bytes above the same policies written by hand when tied,
     so the planner's copies of those policies did not fit the hand-written plans' own peaks
-    and it returned plans that recompute more (tests/test_runtime.py)."""
+    and it returned plans that recompute more: at all five points of `benchmarks/unseen.py`'s
+    1B `sdepth` (tests/test_runtime.py; docs/FINDINGS.md, forty-second session)."""
     eqns = jaxpr.eqns[start:stop]
     drawn = _drawn_bytes(eqns)
     if not drawn:
