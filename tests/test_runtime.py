@@ -571,6 +571,14 @@ def _dropout_stack(legacy: bool, n=6, width=128, hidden=1024, batch=1024, rate=0
         keep = jax.random.bernoulli(key, 1 - rate, h.shape)
         return x + jnp.where(keep, h / (1 - rate), 0.0) @ w[1]
 
+    key = jax.random.PRNGKey(3) if legacy else jax.random.key(3)
+    make, args = _keyed_stack(key, n, width, hidden, batch, seed=0)
+    return make(layer), make(jax.checkpoint(layer, policy=CP.nothing_saveable)), args, n
+
+
+def _keyed_stack(key, n: int, width: int, hidden: int, batch: int, seed: int):
+    """(make, args): `make(body)` is a loss running `body(x, (w_in, w_out), k)` on each of `n`
+    layers, `k` split per layer from the key argument; `args` its weights, input and `key`."""
     def make(body):
         def loss(ws, x, key):
             for w, k in zip(ws, jax.random.split(key, len(ws))):
@@ -578,12 +586,11 @@ def _dropout_stack(legacy: bool, n=6, width=128, hidden=1024, batch=1024, rate=0
             return jnp.mean(x ** 2)
         return loss
 
-    keys = jax.random.split(jax.random.key(0), 2 * n + 1)
+    keys = jax.random.split(jax.random.key(seed), 2 * n + 1)
     ws = [(jax.random.normal(keys[2 * i], (width, hidden)) / width**0.5,
            jax.random.normal(keys[2 * i + 1], (hidden, width)) / hidden**0.5) for i in range(n)]
     x = jax.random.normal(keys[-1], (batch, width))
-    key = jax.random.PRNGKey(3) if legacy else jax.random.key(3)
-    return make(layer), make(jax.checkpoint(layer, policy=CP.nothing_saveable)), (ws, x, key), n
+    return make, (ws, x, key)
 
 
 @pytest.mark.parametrize("legacy", [False, True], ids=["typed_key", "raw_key"])
@@ -642,18 +649,8 @@ def _stochastic_depth_stack(n=4, width=128, hidden=512, batch=256):
         run = lambda x: x + jnp.tanh(x @ w[0]) @ w[1]
         return jax.lax.cond(jax.random.bernoulli(key, 0.8), run, lambda x: x, x)
 
-    def make(body):
-        def loss(ws, x, key):
-            for w, k in zip(ws, jax.random.split(key, len(ws))):
-                x = body(x, w, k)
-            return jnp.mean(x ** 2)
-        return loss
-
-    keys = jax.random.split(jax.random.key(1), 2 * n + 1)
-    ws = [(jax.random.normal(keys[2 * i], (width, hidden)) / width**0.5,
-           jax.random.normal(keys[2 * i + 1], (hidden, width)) / hidden**0.5) for i in range(n)]
-    x = jax.random.normal(keys[-1], (batch, width))
-    return make(layer), lambda pol: make(jax.checkpoint(layer, policy=pol)), (ws, x, jax.random.key(3)), n
+    make, args = _keyed_stack(jax.random.key(3), n, width, hidden, batch, seed=1)
+    return make(layer), lambda pol: make(jax.checkpoint(layer, policy=pol)), args, n
 
 
 def test_layers_that_draw_less_than_their_input_are_not_tied():
