@@ -297,7 +297,7 @@ def run_plan(traced: Traced, plan: Plan, flat_args):
     if traced.outer is None:
         return _Evaluator(traced, plan)(flat_args)
     outer, run_body = traced.outer, _Evaluator(traced, plan)
-    env = dict(zip(outer.jaxpr.constvars, outer.closed_jaxpr.consts))
+    env = dict(zip(outer.jaxpr.constvars, map(_as_jax, outer.closed_jaxpr.consts)))
     env.update(zip(outer.jaxpr.invars, flat_args))
     read = lambda v: v.val if isinstance(v, jex.core.Literal) else env[v]  # noqa: E731
     for k, eqn in enumerate(outer.jaxpr.eqns):
