@@ -22,6 +22,8 @@ import jax
 import jax.extend as jex
 import jax.numpy as jnp
 
+from autoremat.graph._costs import aval_bytes
+
 __all__ = ["rng_ties", "tie_keys"]
 
 # The primitives that turn a key into random bits, and the one that makes a typed key of raw
@@ -35,14 +37,10 @@ def _drawn_bytes(eqns) -> int:
     total = 0
     for e in eqns:
         if e.primitive.name in _DRAWS:
-            total += sum(_nbytes(v.aval) for v in e.outvars)
+            total += sum(aval_bytes(v.aval) for v in e.outvars)
         for sub in jex.core.jaxprs_in_params(e.params):
             total += _drawn_bytes(sub.eqns)
     return total
-
-
-def _nbytes(aval) -> int:
-    return aval.size * aval.dtype.itemsize if _dtype(aval) is not None else 0
 
 
 def _dtype(aval):
@@ -91,8 +89,8 @@ def rng_ties(jaxpr, start: int, stop: int, ins: Sequence) -> tuple[tuple[int, ..
             and not _is_key(v.aval) and jnp.issubdtype(_dtype(v.aval), jnp.floating)]
     if not keys or not acts:
         return None
-    anchor = max(acts, key=lambda k: _nbytes(ins[k].aval))
-    return (keys, anchor) if drawn >= _nbytes(ins[anchor].aval) else None
+    anchor = max(acts, key=lambda k: aval_bytes(ins[k].aval))
+    return (keys, anchor) if drawn >= aval_bytes(ins[anchor].aval) else None
 
 
 def tie_keys(vals: Sequence, ties: tuple[tuple[int, ...], int] | None) -> list:
