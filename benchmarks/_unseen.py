@@ -835,9 +835,128 @@ def scale_batches(k: int) -> None:
         d[key] *= k
 
 
+# -- LoRA fine-tuning: frozen base weights, low-rank adapters the only differentiated argument --
+LORA = dict(L=16, D=2048, H=16, F=5632, V=32000, S=2048, B=4, r=16)
+_LORA_TARGETS = {"wq": ("D", "D"), "wk": ("D", "D"), "wv": ("D", "D"), "wo": ("D", "D"),
+                 "wg": ("D", "F"), "wu": ("D", "F"), "wd": ("F", "D")}
+
+
+def _lora_linear(x, w, ad):
+    """`x @ w` with a frozen `w` plus the adapter's low-rank update `(x @ a) @ b`."""
+    return x @ w + (x @ ad["a"]) @ ad["b"]
+
+
+def _lora_layer(h, ad, base):
+    """A Llama layer (RMSNorm, causal attention, SwiGLU) whose seven projections are frozen base
+    weights (`base`) with LoRA adapters (`ad`, differentiated) on each."""
+    B, S, D = h.shape
+    H = LORA["H"]
+    x = _rms(h)
+    q, k, v = (_lora_linear(x, base[w], ad[w]).reshape(B, S, H, D // H) for w in ("wq", "wk", "wv"))
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.asarray(D // H, bf))
+    s = jnp.where(jnp.tril(jnp.ones((S, S), bool)), s, jnp.asarray(-1e4, bf))
+    o = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s.astype(jnp.float32), -1).astype(bf), v)
+    h = h + _lora_linear(o.reshape(B, S, D), base["wo"], ad["wo"])
+    x = _rms(h)
+    g = jax.nn.silu(_lora_linear(x, base["wg"], ad["wg"])) * _lora_linear(x, base["wu"], ad["wu"])
+    return h + _lora_linear(g, base["wd"], ad["wd"])
+
+
+def _lora_shapes(lead: tuple = ()) -> tuple[dict, dict]:
+    """(adapters, base weights) of one layer, each array led by `lead` (a scan's layer axis)."""
+    d = LORA
+    ad = {w: {"a": sd((*lead, d[i], d["r"]), bf), "b": sd((*lead, d["r"], d[o]), bf)}
+          for w, (i, o) in _LORA_TARGETS.items()}
+    return ad, {w: sd((*lead, d[i], d[o]), bf) for w, (i, o) in _LORA_TARGETS.items()}
+
+
+def _lora_args(layers: list | tuple) -> tuple:
+    """(adapters, frozen base, tokens): `layers` is each layer's (adapters, base), or one stacked pair."""
+    d = LORA
+    ads, bases = ([la[0] for la in layers], [la[1] for la in layers]) if isinstance(layers, list) else layers
+    base = {"embed": sd((d["V"], d["D"]), bf), "layers": bases, "head": sd((d["D"], d["V"]), bf)}
+    return ads, base, sd((d["B"], d["S"]), jnp.int32)
+
+
+def lora(policies=None, prevent_cse=True):
+    d = LORA
+    pols = list(policies) if policies is not None else [None] * d["L"]
+
+    def loss(adapters, base, tokens):
+        h = base["embed"][tokens]
+        for ad, b, pol in zip(adapters, base["layers"], pols):
+            h = _wrap(_lora_layer, pol, prevent_cse)(h, ad, b)
+        return _xent(_rms(h) @ base["head"], tokens)
+    return loss, _lora_args([_lora_shapes() for _ in range(d["L"])]), _lora_desc("layers unrolled"), d["L"]
+
+
+def lora_scan(policies=None, prevent_cse=True):
+    d = LORA
+    body = _wrap(lambda h, ab: (_lora_layer(h, *ab), None), (policies or [None])[0], prevent_cse)
+
+    def loss(adapters, base, tokens):
+        h, _ = jax.lax.scan(body, base["embed"][tokens], (adapters, base["layers"]))
+        return _xent(_rms(h) @ base["head"], tokens)
+    return loss, _lora_args(_lora_shapes((d["L"],))), _lora_desc("scan over layers"), d["L"]
+
+
+def _lora_desc(how: str) -> str:
+    d = LORA
+    return (f"Llama-style decoder fine-tuned with LoRA (rank {d['r']} on all seven projections; the base weights "
+            f"a frozen, undifferentiated argument; {how}): {d['L']} layers, d_model {d['D']}, d_ff {d['F']}, "
+            f"seq {d['S']}, batch {d['B']}, bf16")
+
+
+# -- one layer's weights shared by every layer (ALBERT, looped transformers) -------------------
+SHARED = dict(L=12, D=2048, H=16, F=8192, V=32000, S=1024, B=8)
+
+
+def _shared_args() -> tuple:
+    d = SHARED
+    params = {"embed": sd((d["V"], d["D"]), bf), "pos": sd((d["S"], d["D"]), bf),
+              "layer": {k: sd(s, bf) for k, s in _dropout_shapes(d).items()}, "head": sd((d["D"], d["V"]), bf)}
+    return params, sd((d["B"], d["S"]), jnp.int32)
+
+
+def _gpt_layer(h, p):
+    """A GPT-2 layer (LayerNorm, causal attention, GELU MLP), no dropout."""
+    x = _ln(h)
+    h = h + _attn(x, x, p, SHARED["H"], True)
+    return h + jax.nn.gelu(_ln(h) @ p["w1"]) @ p["w2"]
+
+
+def shared(policies=None, prevent_cse=True):
+    d = SHARED
+    pols = list(policies) if policies is not None else [None] * d["L"]
+
+    def loss(params, tokens):
+        h = params["embed"][tokens] + params["pos"]
+        for pol in pols:
+            h = _wrap(_gpt_layer, pol, prevent_cse)(h, params["layer"])
+        return _xent(_ln(h) @ params["head"], tokens)
+    return loss, _shared_args(), _shared_desc("layers unrolled, each a call with the same weights"), d["L"]
+
+
+def shared_scan(policies=None, prevent_cse=True):
+    d = SHARED
+
+    def loss(params, tokens):
+        body = _wrap(lambda h, _: (_gpt_layer(h, params["layer"]), None), (policies or [None])[0], prevent_cse)
+        h, _ = jax.lax.scan(body, params["embed"][tokens] + params["pos"], None, length=d["L"])
+        return _xent(_ln(h) @ params["head"], tokens)
+    return loss, _shared_args(), _shared_desc("a scan over layers closing over the weights"), d["L"]
+
+
+def _shared_desc(how: str) -> str:
+    d = SHARED
+    return (f"GPT-2-style decoder whose {d['L']} layers share one layer's weights, as ALBERT's do ({how}): "
+            f"d_model {d['D']}, d_ff {d['F']}, seq {d['S']}, batch {d['B']}, bf16")
+
+
 BUILDERS = {"moe": moe, "unet": unet, "encdec": encdec, "vit_nnx": vit_nnx, "alternating": alternating,
             "penzai": penzai, "penzai_scan": penzai_scan, "nnx_scan": nnx_scan, "equinox_scan": equinox_scan,
             "ssd": ssd, "ssd_scan": ssd_scan, "vjp_attention": vjp_attention,
             "inner_checkpoint": inner_checkpoint, "inner_checkpoint_scan": inner_checkpoint_scan,
             "mixed": mixed, "mixed_scan": mixed_scan, "dropout": dropout, "dropout_scan": dropout_scan,
-            "sdepth": sdepth, "sdepth_scan": sdepth_scan}
+            "sdepth": sdepth, "sdepth_scan": sdepth_scan, "lora": lora, "lora_scan": lora_scan,
+            "shared": shared, "shared_scan": shared_scan}
