@@ -957,7 +957,7 @@ class _Steer:
                 return None
             self.raised += 1
             return self._between()
-        return self._step_down(target, compiled, history)
+        return self._step_down(target, point[0], compiled, history)
 
     def margin(self) -> int:
         """How far under the budget a target read off a line aims: 0.5% of it, as the step down
@@ -980,14 +980,20 @@ class _Steer:
         aim = p0 + (self.budget - self.margin() - c0) * (p1 - p0) / (c1 - c0)
         return int(min(max(aim, self.fit_target + 1), self.over_target - 1))
 
-    def _step_down(self, target: int, compiled: int, history: list) -> int | None:
+    def _step_down(self, target: int, predicted: int, compiled: int, history: list) -> int | None:
         """The model under-predicted: ask the solver for less.  After two over-budget rounds,
         follow the line through them (the model's error often grows as plans get lower, and
         stepping down by the overshoot alone then takes many rounds); else step down by the
-        overshoot."""
+        overshoot; and in any case below the over-budget plan's own `predicted` peak: the
+        solver's fastest plan within a target is the fastest within every lower target it
+        meets, so any target from there up returns it again.  LoRA's scan over layers at
+        dots_with_no_batch_dims_saveable's 29.35 GiB (benchmarks/unseen.py): the plan predicted
+        at 16.48 GiB compiled 0.16 over, and stepping down by that asked for it in all four
+        rounds; below it, round 2 fitted (28.51 GiB, +1.10 TFLOP, where the fallback then took
+        one at 21.03 recomputing 1.13)."""
         budget = self.budget
         over = [h for h in history if h["compiled"] > budget]
-        step = target - (compiled - budget) - self.margin()
+        step = min(target - (compiled - budget) - self.margin(), predicted - 1)
         if len(over) >= 2 and over[-2]["predicted"] != over[-1]["predicted"]:
             (p1, c1), (p2, c2) = ((h["predicted"], h["compiled"]) for h in over[-2:])
             slope = (c2 - c1) / (p2 - p1)
