@@ -223,7 +223,7 @@ def test_a_plan_over_the_budget_is_stepped_below_not_asked_for_again():
     target, predicted = int(17.74 * G), int(16.48 * G)
     history = [{"target": target, "predicted": predicted, "compiled": int(29.51 * G)}]
     nxt = _Steer(budget).next(target, int(29.51 * G), 1.0, False, history)
-    assert nxt is not None and nxt < predicted
+    assert nxt is not None and nxt <= predicted - budget // 200
     far = [{"target": target, "predicted": predicted, "compiled": int(33.0 * G)}]
     step = _Steer(budget).next(target, int(33.0 * G), 1.0, False, far)
     assert step == target - (int(33.0 * G) - budget) - budget // 200 and step < predicted
