@@ -49,6 +49,14 @@ description, layers), as `_thirdparty.py`'s do.
   at the last layer, so every layer is a `cond` holding its matmuls and draws one random scalar;
   its layers unrolled, or in a scan over layers whose keys and chances are scanned with the
   weights (`sdepth_scan`).
+* `lora`: a Llama-style decoder fine-tuned with LoRA: its base weights a frozen argument the loss
+  is not differentiated by, rank-16 adapters on all seven projections the only differentiated
+  one (so the step holds no weight gradient but the adapters'); its layers unrolled, or in a scan
+  over layers whose adapters and base weights are scanned together (`lora_scan`).
+* `shared`: a GPT-2-style decoder whose layers all run one layer's weights, as ALBERT's (and
+  looped transformers') do, so that one weight gradient sums every layer's; its layers unrolled,
+  or a scan over layers that closes over the weights (`shared_scan`: the body's constants are
+  differentiated, their gradient accumulated across the backward scan).
 """
 
 from __future__ import annotations

@@ -10,11 +10,12 @@ as flax nnx and equinox code writes them, a Mamba-2-style state-space decoder wh
 layer holds a scan, unrolled and as a scan over layers, a decoder whose attention is a
 `custom_vjp`, one whose author already checkpoints the attention core, and decoders trained in
 mixed precision (float32 weights cast to bfloat16 in each layer), with dropout and with
-stochastic depth (a `lax.cond` per layer), unrolled and as a scan over layers; compile-only, a
-few GiB to tens of GiB each.  Each model's table says how many layers
+stochastic depth (a `lax.cond` per layer), fine-tuned with LoRA (frozen base weights), and with
+one layer's weights shared by every layer (ALBERT's way), unrolled and as a scan over layers;
+compile-only, a few GiB to tens of GiB each.  Each model's table says how many layers
 `graph.find_layers` found against the number the model's author wrote.
 
-    .venv/bin/python benchmarks/unseen.py                 # all twenty (~35 min on 2 cores)
+    .venv/bin/python benchmarks/unseen.py                 # all twenty-four (~45 min on 2 cores)
     .venv/bin/python benchmarks/unseen.py --models encdec
 """
 
