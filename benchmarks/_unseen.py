@@ -93,18 +93,21 @@ def _ln(x):
     return ((x32 - mu) * jax.lax.rsqrt(((x32 - mu) ** 2).mean(-1, keepdims=True) + 1e-5)).astype(bf)
 
 
-def _attn(x, kv, p, H, causal, on_probs=lambda a: a):
-    """Multi-head attention of `x` over `kv`; `on_probs` applied to its probabilities (dropout)."""
+def _attn(x, kv, p, H, causal, on_probs=lambda a: a, proj=None):
+    """Multi-head attention of `x` over `kv`; `on_probs` applied to its probabilities (dropout);
+    `proj(y, name)` each projection by the weights `name` (default `y @ p[name]`; LoRA adds its
+    adapters)."""
+    proj = proj or (lambda y, name: y @ p[name])
     B, S, D = x.shape
     T = kv.shape[1]
-    q = (x @ p["wq"]).reshape(B, S, H, D // H)
-    k = (kv @ p["wk"]).reshape(B, T, H, D // H)
-    v = (kv @ p["wv"]).reshape(B, T, H, D // H)
+    q = proj(x, "wq").reshape(B, S, H, D // H)
+    k = proj(kv, "wk").reshape(B, T, H, D // H)
+    v = proj(kv, "wv").reshape(B, T, H, D // H)
     s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.asarray(D // H, bf))
     if causal:
         s = jnp.where(jnp.tril(jnp.ones((S, T), bool)), s, jnp.asarray(-1e4, bf))
     o = jnp.einsum("bhqk,bkhd->bqhd", on_probs(jax.nn.softmax(s.astype(jnp.float32), -1).astype(bf)), v)
-    return o.reshape(B, S, D) @ p["wo"]
+    return proj(o.reshape(B, S, D), "wo")
 
 
 # -- MoE decoder: dense dispatch with capacity, the experts as one batched einsum ---------------
@@ -857,17 +860,12 @@ def _lora_linear(x, w, ad):
 def _lora_layer(h, ad, base):
     """A Llama layer (RMSNorm, causal attention, SwiGLU) whose seven projections are frozen base
     weights (`base`) with LoRA adapters (`ad`, differentiated) on each."""
-    B, S, D = h.shape
-    H = LORA["H"]
+    def proj(y, name):
+        return _lora_linear(y, base[name], ad[name])
     x = _rms(h)
-    q, k, v = (_lora_linear(x, base[w], ad[w]).reshape(B, S, H, D // H) for w in ("wq", "wk", "wv"))
-    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.asarray(D // H, bf))
-    s = jnp.where(jnp.tril(jnp.ones((S, S), bool)), s, jnp.asarray(-1e4, bf))
-    o = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s.astype(jnp.float32), -1).astype(bf), v)
-    h = h + _lora_linear(o.reshape(B, S, D), base["wo"], ad["wo"])
+    h = h + _attn(x, x, base, LORA["H"], True, proj=proj)
     x = _rms(h)
-    g = jax.nn.silu(_lora_linear(x, base["wg"], ad["wg"])) * _lora_linear(x, base["wu"], ad["wu"])
-    return h + _lora_linear(g, base["wd"], ad["wd"])
+    return h + proj(jax.nn.silu(proj(x, "wg")) * proj(x, "wu"), "wd")
 
 
 def _lora_shapes(lead: tuple = ()) -> tuple[dict, dict]:
