@@ -44,11 +44,15 @@ def to_plan(model: ChainModel, segments: Sequence[Segment], *, budget: int | Non
             continue
         saved, off = frozenset(payload.get("saved", ())), frozenset(payload.get("offloaded", ()))
         if kind == "scan":
-            scans.append(ScanPlan(payload["op"], saved, off, prevent_cse=scan_barriers or g.ops[payload["op"]].unrolled))
+            barriers = scan_barriers or g.ops[payload["op"]].unrolled
+            scans.append(ScanPlan(payload["op"], saved, off, prevent_cse=barriers))
             body = g.ops[payload["op"]].bodies[0]
             for vid in body.residual_values():
                 if body.values[vid].producer is not None:
                     decisions[vid] = "offload" if vid in off else ("save" if vid in saved else "recompute")
+            for inner, kept in payload.get("nested", {}).items():  # a scan in the body, checkpointed inside it
+                scans.append(ScanPlan(inner, frozenset(kept), prevent_cse=barriers))
+                saved = saved | kept
             for vid in saved | off:  # kept values the backward pass does not read itself
                 decisions.setdefault(vid, "offload" if vid in off else "save")
             continue
@@ -130,11 +134,12 @@ def plan_segments(model, plan):
     scan_block = {b.ops[0]: b.index for b in model.blocks if b.kind == "scan"}
     chosen: dict[int, Segment] = {}
 
-    def pick(i, j, saved, off, name=None):
+    def pick(i, j, saved, off, name=None, nested=None):
         opts = problem.options.get((i, j), ())
         same = [o for o in opts if isinstance(o.payload, dict) and o.payload.get("kind") != "none"
                 and frozenset(o.payload.get("saved", ())) == saved
-                and frozenset(o.payload.get("offloaded", ())) == off]
+                and frozenset(o.payload.get("offloaded", ())) == off
+                and {k: frozenset(v) for k, v in o.payload.get("nested", {}).items()} == (nested or {})]
         named = [o for o in same if o.name == name]
         if not (named or same):
             raise AutorematError(f"the plan's region over blocks [{i}, {j}) matches none of the model's options")
@@ -148,9 +153,12 @@ def plan_segments(model, plan):
         chosen[i] = pick(i, j, r.saved, r.offloaded, name)
     for s in plan.scans:
         i = scan_block.get(s.op)
+        if i is None and "/body/" in s.op and s.op.split("/body/")[0] in scan_block:
+            continue  # a scan in a planned scan's body: matched with it
         if i is None:
             raise AutorematError(f"the plan's scan {s.op} is not a block of the model")
-        chosen[i] = pick(i, i + 1, s.saved, s.offloaded)
+        nested = {n.op: n.saved for n in plan.scans if n.op.startswith(f"{s.op}/body/")}
+        chosen[i] = pick(i, i + 1, s.saved, s.offloaded, nested=nested)
     segs, i = [], 0
     while i < problem.n_blocks:
         if i in chosen:
@@ -218,7 +226,7 @@ def with_recompute_costs(g, plan: Plan) -> Plan:
     kept = {vid for vid, rec in plan.values.items() if rec.decision != "recompute"}
     for part in (*plan.regions, *plan.scans):
         kept |= part.saved | part.offloaded
-    for graph in (g, *(g.ops[s.op].bodies[0] for s in plan.scans)):  # a kept value's checkpoint_name
+    for graph in (g, *(_blocks._op(g, s.op).bodies[0] for s in plan.scans)):  # a kept value's checkpoint_name
         kept = set(_with_name_aliases(graph.ops.values(), frozenset(kept)))
     per_eqn: dict[str, list] = {}
     for r in plan.regions:
@@ -230,10 +238,10 @@ def with_recompute_costs(g, plan: Plan) -> Plan:
         for o in recomputed:
             per_eqn.setdefault(str(g.ops[o].index), []).append(g.ops[o])
     times = dict(recompute_times(g))
-    for s in plan.scans:
-        body = g.ops[s.op].bodies[0]
+    for s in plan.scans:  # a scan in a planned scan's body counts in the top-level scan's equation
+        body = _blocks._op(g, s.op).bodies[0]
         recomputed, _ = _closure(body, list(body.ops), frozenset(kept), frozenset(), frozenset(body.residual_values()))
-        per_eqn[str(g.ops[s.op].index)] = [body.ops[o] for o in recomputed]
+        per_eqn.setdefault(str(g.ops[s.op.split("/")[0]].index), []).extend(body.ops[o] for o in recomputed)
         times.update(recompute_times(body))
     flops = {k: sum(op.cost.flops * op.multiplicity for op in ops) for k, ops in per_eqn.items()}
     time = {k: sum(times[op.id] * op.multiplicity for op in ops) for k, ops in per_eqn.items()}

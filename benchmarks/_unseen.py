@@ -57,6 +57,11 @@ description, layers), as `_thirdparty.py`'s do.
   looped transformers') do, so that one weight gradient sums every layer's; its layers unrolled,
   or a scan over layers that closes over the weights (`shared_scan`: the body's constants are
   differentiated, their gradient accumulated across the backward scan).
+* `lstm`: a stacked LSTM language model whose every layer is a `lax.scan` over 1024 time steps
+  (the input projection for all steps before it; the cell state in float32), the hand-written
+  policies on each layer's cell, as recurrent networks are checkpointed per step (flax's
+  `nn.remat` of a cell); its layers unrolled, or in a scan over layers (`lstm_scan`: a scan over
+  time in a scan over layers, the policies still on the cell).
 """
 
 from __future__ import annotations
@@ -959,10 +964,71 @@ def _shared_desc(how: str) -> str:
             f"d_model {d['D']}, d_ff {d['F']}, seq {d['S']}, batch {d['B']}, bf16")
 
 
+# -- a stacked LSTM: every layer a scan over time ----------------------------------------------
+LSTM = dict(L=4, D=2048, V=8192, S=1024, B=32)
+
+
+def _lstm_cell(u, pol, cse):
+    """One LSTM step on the carry (h bf16, c float32) and the step's input projection `x` (the
+    input's matmul done for every step at once before the scan), under the hand-written policy:
+    recurrent networks are checkpointed per step, as flax's `nn.remat` of a cell does."""
+    def cell(carry, x):
+        h, c = carry
+        i, f, g, o = jnp.split((x + h @ u).astype(jnp.float32), 4, -1)
+        c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+        h = (jax.nn.sigmoid(o) * jnp.tanh(c)).astype(bf)
+        return (h, c), h
+    return _wrap(cell, pol, cse)
+
+
+def _lstm_layer(h, p, pol, cse):
+    B, S, D = h.shape
+    xs = (_ln(h) @ p["w"] + p["b"]).swapaxes(0, 1)  # [S, B, 4D]
+    init = (jnp.zeros((B, D), bf), jnp.zeros((B, D), jnp.float32))
+    _, ys = jax.lax.scan(_lstm_cell(p["u"], pol, cse), init, xs)
+    return h + ys.swapaxes(0, 1)
+
+
+def _lstm_params(lead: tuple = ()) -> tuple:
+    d, D = LSTM, LSTM["D"]
+    layer = {"w": sd((*lead, D, 4 * D), bf), "u": sd((*lead, D, 4 * D), bf), "b": sd((*lead, 4 * D), bf)}
+    params = {"embed": sd((d["V"], D), bf), "layers": layer if lead else [dict(layer) for _ in range(d["L"])],
+              "head": sd((D, d["V"]), bf)}
+    return params, sd((d["B"], d["S"]), jnp.int32)
+
+
+def lstm(policies=None, prevent_cse=True):
+    pols = list(policies) if policies is not None else [None] * LSTM["L"]
+
+    def loss(params, tokens):
+        h = params["embed"][tokens]
+        for p, pol in zip(params["layers"], pols):
+            h = _lstm_layer(h, p, pol, prevent_cse)
+        return _xent(_ln(h) @ params["head"], tokens)
+    return loss, _lstm_params(), _lstm_desc("unrolled"), LSTM["L"]
+
+
+def lstm_scan(policies=None, prevent_cse=True):
+    pol = (policies or [None])[0]
+
+    def loss(params, tokens):
+        h, _ = jax.lax.scan(lambda h, p: (_lstm_layer(h, p, pol, prevent_cse), None),
+                            params["embed"][tokens], params["layers"])
+        return _xent(_ln(h) @ params["head"], tokens)
+    return loss, _lstm_params((LSTM["L"],)), _lstm_desc("in a scan over layers: a scan in a scan"), LSTM["L"]
+
+
+def _lstm_desc(how: str) -> str:
+    d = LSTM
+    return (f"stacked LSTM language model, {d['L']} layers ({how}), each a scan over {d['S']} steps "
+            f"(residual, LayerNorm; the cell state in float32), the hand-written policies on each "
+            f"layer's cell: hidden {d['D']}, batch {d['B']}, bf16")
+
+
 BUILDERS = {"moe": moe, "unet": unet, "encdec": encdec, "vit_nnx": vit_nnx, "alternating": alternating,
             "penzai": penzai, "penzai_scan": penzai_scan, "nnx_scan": nnx_scan, "equinox_scan": equinox_scan,
             "ssd": ssd, "ssd_scan": ssd_scan, "vjp_attention": vjp_attention,
             "inner_checkpoint": inner_checkpoint, "inner_checkpoint_scan": inner_checkpoint_scan,
             "mixed": mixed, "mixed_scan": mixed_scan, "dropout": dropout, "dropout_scan": dropout_scan,
             "sdepth": sdepth, "sdepth_scan": sdepth_scan, "lora": lora, "lora_scan": lora_scan,
-            "shared": shared, "shared_scan": shared_scan}
+            "shared": shared, "shared_scan": shared_scan, "lstm": lstm, "lstm_scan": lstm_scan}

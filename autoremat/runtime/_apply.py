@@ -188,10 +188,7 @@ class _Evaluator:
         eqn = self.jaxpr.eqns[k]
         invals = [v.val if isinstance(v, jex.core.Literal) else env[v] for v in eqn.invars]
         oid = f"e{k}"
-        if oid in self.scans and eqn.primitive.name == "scan":
-            outvals = _run_scan(eqn, invals, self.scans[oid], self.plan, oid)
-        else:
-            outvals = evaluated(eqn, invals)
+        outvals = _body_eqn(eqn, invals, oid, self.scans, tags, self.plan)
         for j, (v, val) in enumerate(zip(eqn.outvars, outvals)):
             vid = f"{oid}:{j}"
             if vid in tags:
@@ -221,23 +218,28 @@ def _as_jax(const):
     return jnp.asarray(const) if isinstance(const, np.ndarray) else const
 
 
-def _run_scan(eqn, invals, sp: ScanPlan, plan: Plan, oid: str):
-    """Re-issues a scan with its body evaluated under a checkpoint with named values."""
+def _run_scan(eqn, invals, sp: ScanPlan | None, plan: Plan, oid: str, outer: dict | None = None):
+    """Re-issues a scan with its body evaluated under a checkpoint with named values; `sp` None:
+    a scan inside a planned scan's body, re-issued only to tag the values of its own body that
+    the outer body's plan keeps (`outer`: id -> name), which the outer checkpoint's policy saves
+    stacked over both trip counts (JAX's partial evaluation of a scan applies the policy to its
+    body)."""
     p = eqn.params
     nc, ncar = scan_counts(p)
     bj, bconsts = p["jaxpr"].jaxpr, p["jaxpr"].consts
     consts, init, xs = invals[:nc], invals[nc:nc + ncar], invals[nc + ncar:]
     prefix = f"{oid}/body/"
-    tags = checkpoint_names(plan.values, sp.saved | sp.offloaded)
-    saved = sorted(set(checkpoint_names(plan.values, sp.saved).values()))
-    offloaded = sorted(set(checkpoint_names(plan.values, sp.offloaded).values()))
+    tags = {v: t for v, t in (outer or {}).items() if v.startswith(prefix)}  # the enclosing plan's, in here
+    if sp is not None:
+        tags.update(checkpoint_names(plan.values, sp.saved | sp.offloaded))
+    nested = {s.op: s for s in plan.scans if s.op.startswith(prefix)}
 
     def body(consts, carry, x):
         env = dict(zip(bj.constvars, bconsts))
         env.update(zip(bj.invars, list(consts) + list(carry) + list(x)))
         for k, e in enumerate(bj.eqns):
             vals = [v.val if isinstance(v, jex.core.Literal) else env[v] for v in e.invars]
-            vals = evaluated(e, vals)
+            vals = _body_eqn(e, vals, f"{prefix}e{k}", nested, tags, plan)
             for j, (v, val) in enumerate(zip(e.outvars, vals)):
                 vid = f"{prefix}e{k}:{j}"
                 if vid in tags:
@@ -247,7 +249,10 @@ def _run_scan(eqn, invals, sp: ScanPlan, plan: Plan, oid: str):
         outs = [v.val if isinstance(v, jex.core.Literal) else env[v] for v in bj.outvars]
         return list(outs[:ncar]), list(outs[ncar:])
 
-    body = checkpoint(body, policy=region_policy(saved, offloaded, sp.policy), prevent_cse=sp.prevent_cse)
+    if sp is not None:
+        saved = sorted(set(checkpoint_names(plan.values, sp.saved).values()))
+        offloaded = sorted(set(checkpoint_names(plan.values, sp.offloaded).values()))
+        body = checkpoint(body, policy=region_policy(saved, offloaded, sp.policy), prevent_cse=sp.prevent_cse)
 
     def step(carry, x):
         # Under jax_remat3 inside a shard_map, the inputs the body casts to varying are cast
@@ -266,6 +271,18 @@ def _run_scan(eqn, invals, sp: ScanPlan, plan: Plan, oid: str):
     carry, ys = jax.lax.scan(step, list(init), list(xs), length=p["length"], reverse=p["reverse"],
                              unroll=p["unroll"], **kw)
     return list(carry) + list(ys)
+
+
+def _body_eqn(e, vals, oid: str, nested: dict, tags: dict, plan: Plan) -> list:
+    """One equation `oid` evaluated (at top level, or in a planned scan's body): a scan
+    re-issued where the plan has a body plan for it (`nested`: op id -> `ScanPlan`; in a body, a
+    checkpoint inside the outer one), for a scan inside its body, or keeps values of its body
+    (`tags`: id -> name, which the enclosing checkpoint's policy saves); else as traced."""
+    if e.primitive.name == "scan":
+        inner = f"{oid}/body/"
+        if oid in nested or any(t.startswith(inner) for t in (*tags, *nested)):
+            return _run_scan(e, vals, nested.get(oid), plan, oid, tags)
+    return evaluated(e, vals)
 
 
 def segment_function(traced: Traced, plan: Plan, start: int, stop: int):

@@ -92,7 +92,7 @@ def plan_to_python(plan: Plan, framework: str = "jax") -> str:
     else:
         out.append(f"policy = jax.checkpoint_policies.save_only_these_names(*{save_names!r})")
     out.append("")
-    out += _where(plan, framework)
+    out += _where(plan, framework, names)
     if not plan.regions and not plan.scans:
         out.append("#    none: this plan needs no rematerialization")
     out.append("# Or skip the manual steps: train_loss = autoremat.apply(loss, autoremat.Plan.load('plan.json'))")
@@ -167,8 +167,10 @@ def _policies_to_python(plan: Plan, layers, framework: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def _where(plan: Plan, framework: str) -> list[str]:
-    """Step 3 of a name-based export: which code to wrap, in the model's words."""
+def _where(plan: Plan, framework: str, names: dict[str, str]) -> list[str]:
+    """Step 3 of a name-based export: which code to wrap, in the model's words.  Where a scan
+    in a scan's body has a checkpoint of its own, each scan body's policy names only what it
+    keeps (an outer policy naming the inner body's values would keep them in the outer one)."""
     from autoremat.runtime._by_layer import layer_spans_and_rows
 
     wrap = FRAMEWORKS[framework][1].format(cse="True")
@@ -184,10 +186,16 @@ def _where(plan: Plan, framework: str) -> list[str]:
         where = ", ".join(dict.fromkeys(row.layers for row in over)) or "code outside the layers"
         out.append(f"#    part of {where}: equations [{r.start}, {r.stop})")
         inside.append(r)
+    nested = any("/" in s.op for s in plan.scans)
     for s in plan.scans:
-        row = rows.get((int(s.op[1:]), int(s.op[1:]) + 1))
-        out.append(f"#    the body of the scan over {row.layers + ': ' + row.where if row else s.op}: "
-                   f"jax.lax.scan(fn, ...)" + (f", prevent_cse={s.prevent_cse}" if not s.prevent_cse else ""))
+        top = int(s.op.split("/")[0][1:])  # a scan in a scan's body: the top-level scan's equation
+        row = rows.get((top, top + 1))
+        over = row.layers + ": " + row.where if row else s.op.split("/")[0]
+        what = "the scan over" if "/" not in s.op else f"the scan ({s.op}) inside the body of the scan over"
+        own = (f", policy=jax.checkpoint_policies.save_only_these_names("
+               f"{', '.join(repr(names[v]) for v in sorted(s.saved) if v in names)})" if nested else "")
+        out.append(f"#    the body of {what} {over}: "
+                   f"jax.lax.scan(fn, ...)" + (f", prevent_cse={s.prevent_cse}" if not s.prevent_cse else "") + own)
     if inside:
         out.append(f"# {len(inside)} of these regions start or end inside a layer, which a per-layer wrapper "
                    f"cannot write; autoremat.apply(loss, plan) runs the plan exactly.")

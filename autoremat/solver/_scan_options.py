@@ -111,4 +111,70 @@ def _scan_options(g, b, d, cross, caps, method, time_limit, offload, host_bw, no
                                rt + exposed, rf,
                                length * s_b, {"kind": "scan", "op": op.id, "saved": frozenset(),
                                               "offloaded": saved}))
-    return tuple(opts)
+    return tuple(opts) + _nested_options(body, op.id, length, per_iter_in, cot, scan_caps, method, time_limit)
+
+
+def _nested_options(body, oid: str, length: int, per_iter_in: int, cot: int, caps, method,
+                    time_limit) -> tuple[Option, ...]:
+    """Options of a scan body that holds scans of its own (an LSTM layer's scan over time in a
+    scan over layers), two per saved set the region solver gives each inner body:
+    `scan:in:<set>`: the outer body saves only those inner values (stacked over both trip
+    counts), so its backward re-runs no more of the inner scan than the set leaves out;
+    `scan:nest:<set>`: the outer body saves nothing and the inner scan gets a checkpoint of
+    its own keeping the set, so one outer iteration's inner values are live while it runs
+    backward.  The outer body's own options stop at the inner scan: its region solver sees it
+    as one equation whose residuals are all it stacks.  On the LSTM in a scan over layers
+    (benchmarks/_unseen.py `lstm_scan`, 4 layers, 1024 steps), the outer body keeping the
+    inner gates compiled to 11.75 GiB and no recomputed matmul, where its leanest own option
+    (`dots_saveable` on the body) compiled to 17.44; nothing saved outside and the gates
+    inside, 7.44 GiB and +1.10 TFLOP, where `nothing_saveable` on the body was 8.94 and +8.80."""
+    ops, rt = list(body.ops.values()), recompute_times(body)
+    out = []
+    for inner in (o for o in ops if o.primitive == "scan" and o.bodies):
+        rest = [o for o in ops if o.id != inner.id]
+        # nested: the whole body re-run, the inner scan's forward with it, its own stacks replaced
+        rf_b, rt_b, live_b = _outer_rerun(body, rest, frozenset(inner.inputs), rt)
+        rf_b, rt_b = rf_b + inner.cost.flops, rt_b + rt[inner.id]
+        for name, saved, s_in, rf_in, rt_in, needs in _inner_sets(inner, caps, method, time_limit):
+            rf_a, rt_a, live_a = _outer_rerun(body, rest, needs, rt)
+            stored = length * (per_iter_in + s_in)
+            out.append(Option(f"scan:in:{name}", stored, stored + live_a + cot, length * (rt_a + rt_in),
+                              length * (rf_a + rf_in), 0, {"kind": "scan", "op": oid, "saved": saved}))
+            stored = length * per_iter_in
+            out.append(Option(f"scan:nest:{name}", stored, stored + live_b + s_in + cot, length * (rt_b + rt_in),
+                              length * (rf_b + rf_in), 0,
+                              {"kind": "scan", "op": oid, "saved": frozenset(), "nested": {inner.id: saved}}))
+    return tuple(out)
+
+
+def _inner_sets(inner, caps, method, time_limit):
+    """Per region-solver set of the body of scan `inner` (nested in a scan body): (name, saved
+    set, bytes stacked per run of `inner` (its carries and the set, as a checkpointed body's),
+    FLOPs and seconds its backward re-runs per run of `inner`, the operands of `inner` that its
+    backward then reads)."""
+    ib, n = inner.bodies[0], int(inner.params.get("length", 1))
+    iops = list(ib.ops.values())
+    produced = frozenset(v for o in iops for v in o.outputs)
+    residuals, _ = stored_residuals(ib, iops)
+    rt = recompute_times(ib)
+    n_consts, n_carry = int(inner.params.get("num_consts", 0)), int(inner.params.get("num_carry", 0))
+    carry = sum(ib.values[v].nbytes for v in ib.inputs[n_consts:n_consts + n_carry])
+    operand = dict(zip(ib.inputs, inner.inputs)) if len(ib.inputs) == len(inner.inputs) else None
+    for name, saved in _solve_block_options(ib, iops, produced, residuals, caps, method, time_limit):
+        kept = _with_name_aliases(iops, saved)
+        R, _ = _closure(ib, [o.id for o in iops], kept, frozenset(), residuals)
+        read = (residuals | {u for o in R for u in ib.ops[o].inputs}) - kept
+        needs = (frozenset(inner.inputs) if operand is None
+                 else frozenset(operand[v] for v in read if v in operand))
+        yield (name, saved, n * (carry + sum(ib.values[v].nbytes for v in saved)),
+               n * math.fsum(ib.ops[o].cost.flops for o in R), n * math.fsum(rt[o] for o in R), needs)
+
+
+def _outer_rerun(body, ops, needs: frozenset, rt: dict) -> tuple[float, float, int]:
+    """(FLOPs, seconds, live bytes) of re-running `ops` of a scan body that saves none of
+    their values, for what their own backward reads and for `needs`."""
+    residuals, _ = stored_residuals(body, ops)
+    R, _ = _closure(body, [o.id for o in ops], frozenset(), frozenset(), residuals | needs)
+    rerun, extra = stored_residuals(body, ops, frozenset())
+    live = sum(body.values[v].nbytes for v in rerun) + extra
+    return math.fsum(body.ops[o].cost.flops for o in R), math.fsum(rt[o] for o in R), live
