@@ -83,7 +83,8 @@ def plan_to_python(plan: Plan, framework: str = "jax") -> str:
                 continue
             out.append(f"#    {rec.source or vid}: x = checkpoint_name(x, {n!r})   # {rec.type} from {rec.primitive}")
     out.append("")
-    out.append("# 2. The policy (use it for each jax.checkpoint region the plan lists below):")
+    own = " unless the line names its own" if any("/" in sp.op for sp in plan.scans) else ""
+    out.append(f"# 2. The policy (use it for each jax.checkpoint region the plan lists below{own}):")
     if off_names:
         out.append("policy = jax.checkpoint_policies.save_and_offload_only_these_names(")
         out.append(f"    names_which_can_be_saved={save_names!r},")

@@ -124,10 +124,12 @@ def _nested_options(body, oid: str, length: int, per_iter_in: int, cot: int, cap
     its own keeping the set, so one outer iteration's inner values are live while it runs
     backward.  The outer body's own options stop at the inner scan: its region solver sees it
     as one equation whose residuals are all it stacks.  On the LSTM in a scan over layers
-    (benchmarks/_unseen.py `lstm_scan`, 4 layers, 1024 steps), the outer body keeping the
-    inner gates compiled to 11.75 GiB and no recomputed matmul, where its leanest own option
-    (`dots_saveable` on the body) compiled to 17.44; nothing saved outside and the gates
-    inside, 7.44 GiB and +1.10 TFLOP, where `nothing_saveable` on the body was 8.94 and +8.80."""
+    (benchmarks/_unseen.py `lstm_scan`, 4 layers of 1024 steps; benchmarks/budget_log.py
+    --model lstm_scan --budget B): at 14.13 GiB the outer body keeping the inner gates compiled
+    to 11.75 GiB recomputing no matmul, where the leanest of its own options that recomputes
+    none (`dots_saveable` on the body) compiles to 17.44; at 7.5, nothing outside and the
+    gates inside to 7.44 GiB, where `nothing_saveable` on the body compiles to 8.94, both +8.80
+    TFLOP; at 6.6, nothing saved inside either, 6.50 GiB and +13.20."""
     ops, rt = list(body.ops.values()), recompute_times(body)
     out = []
     for inner in (o for o in ops if o.primitive == "scan" and o.bodies):
