@@ -13,6 +13,7 @@ from dataclasses import replace
 import jax
 import jax.numpy as jnp
 import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 import autoremat
 from autoremat._bridge import plan_segments, to_plan
@@ -37,7 +38,7 @@ def _cell(carry, x, u):
 
 def _layer(h, p):
     xs = (jnp.tanh(h) @ p["w"]).swapaxes(0, 1)
-    init = (jnp.zeros((B, D)), jnp.zeros((B, D)))
+    init = (jnp.zeros_like(h[:, 0]), jnp.zeros_like(h[:, 0]))  # varying like h inside a shard_map
     _, ys = jax.lax.scan(functools.partial(_cell, u=p["u"]), init, xs)
     return h + ys.swapaxes(0, 1)
 
@@ -148,3 +149,28 @@ def test_a_nested_plan_exports_one_policy_per_scan_body():
     assert "save_only_these_names()" in text  # the outer body keeps nothing of its own
     assert text.count("save_only_these_names(") >= 3  # the shared policy, the outer's, the inner's
     autoremat.Plan.from_json(plan.to_json())  # and it round-trips
+
+
+@pytest.mark.parametrize("remat3", [False, True])
+def test_a_nested_plan_inside_a_shard_map_under_jit(remat3):
+    """The same model written per device (the batch split over 4 devices, the loss averaged by
+    `pmean`), planned inside the shard_map at a budget under `nothing_saveable` on its outer
+    body and run under `jax.jit` with sharded inputs: it fits, with the function's gradients."""
+    mesh = jax.make_mesh((4,), ("data",))
+
+    def per_device(body_policy=None):
+        def step(params, x):
+            return jax.lax.pmean(loss(params, x, body_policy), "data")
+        return lambda params, x: jax.shard_map(step, mesh=mesh, in_specs=(P(), P("data")), out_specs=P())(params, x)
+
+    params, x = _args()
+    args = (jax.device_put(params, NamedSharding(mesh, P())), jax.device_put(x, NamedSharding(mesh, P("data"))))
+    with remat3_flag(False), jax.set_mesh(mesh):  # jax 0.10.2's remat3 cannot replay this policy here
+        hand = compiled_stats(per_device(jax.checkpoint_policies.nothing_saveable), *args)
+    with remat3_flag(remat3), jax.set_mesh(mesh):
+        opt = autoremat.optimize(per_device(), budget=hand.peak_bytes - 1)
+        assert compiled_stats(opt, *args).peak_bytes < hand.peak_bytes
+        got = jax.jit(jax.value_and_grad(opt))(*args)
+        want = jax.jit(jax.value_and_grad(per_device()))(*args)
+    assert opt.plan(*args).scans
+    assert_trees_close(got, want)

@@ -28,9 +28,10 @@ from jax.ad_checkpoint import checkpoint_name
 from autoremat._errors import PlanMismatchError
 from autoremat.graph._interpret import eval_eqn, scan_counts
 from autoremat.graph._shard_map import rebuilt, shard_map_body
-from autoremat.graph._trace import Traced, signature_key, split_static, trace
+from autoremat.graph._trace import Traced, remat3_enabled, signature_key, split_static, trace
 from autoremat.runtime._checkpoint import checkpoint
 from autoremat.runtime._plan import Plan, Region, ScanPlan, checkpoint_names
+from autoremat.runtime._remat3 import replay_casts_inputs
 from autoremat.runtime._rng import rng_ties, tie_keys
 from autoremat.runtime._varying import cast_varying, evaluated
 
@@ -260,7 +261,8 @@ def _run_scan(eqn, invals, sp: ScanPlan | None, plan: Plan, oid: str, outer: dic
         # iteration: 91.90 GiB against 92.79 cast before the scan, the 8B scan written per device
         # at `nothing_saveable` on the body, compiled under remat2 with the cast forced).
         ins = [*bj.invars[:nc], *bj.invars[nc + ncar:]]
-        cast, early = cast_varying(bj.eqns, ins, [*consts, *x], bj.outvars, bj.invars[nc:nc + ncar])
+        cast, early = (cast_varying(bj.eqns, ins, [*consts, *x], bj.outvars, bj.invars[nc:nc + ncar])
+                       if sp is not None else ([*consts, *x], {}))  # no checkpoint of its own to replay
         carry, ys = body(cast[:nc], carry, cast[nc:])
         outs = [y if isinstance(v, jex.core.Literal) else early.get(v, y) for v, y in zip(bj.outvars, [*carry, *ys])]
         return outs[:ncar], outs[ncar:]
@@ -280,9 +282,19 @@ def _body_eqn(e, vals, oid: str, nested: dict, tags: dict, plan: Plan) -> list:
     (`tags`: id -> name, which the enclosing checkpoint's policy saves); else as traced."""
     if e.primitive.name == "scan":
         inner = f"{oid}/body/"
-        if oid in nested or any(t.startswith(inner) for t in (*tags, *nested)):
+        if oid in nested or any(t.startswith(inner) for t in (*tags, *nested)) or _replayed_varying(e):
             return _run_scan(e, vals, nested.get(oid), plan, oid, tags)
     return evaluated(e, vals)
+
+
+def _replayed_varying(e) -> bool:
+    """Whether scan `e`'s body casts to varying while jax_remat3 replays checkpoints on inputs
+    cast to varying (`runtime._varying`): re-issued, its body's casts of a value that arrives
+    varying are the identity (`evaluated`).  As traced, a scan in the body of a scan over layers
+    written per device raised "pvary is a invariant->variant collective" in the outer body's
+    replay (tests/test_nested_scans.py; in plain JAX 0.10.2 too, the policy on the outer body)."""
+    return (remat3_enabled() and replay_casts_inputs()
+            and any(x.primitive.name == "pvary" for x in e.params["jaxpr"].jaxpr.eqns))
 
 
 def segment_function(traced: Traced, plan: Plan, start: int, stop: int):

@@ -85,8 +85,9 @@ def _castable(eqns, outs, every: frozenset, fixed=()) -> tuple[set, list]:
         if not inv:
             continue
         if e.primitive.name != "pvary" and not _plain(e):
+            through = _cast_in_scan(e, every)
             for u in inv:
-                leaves(u, False)
+                leaves(u, u in through)
         elif all(short(o) for o in outs_e):
             parts.union(*inv, *outs_e)
         else:
@@ -100,6 +101,21 @@ def _castable(eqns, outs, every: frozenset, fixed=()) -> tuple[set, list]:
         by_part.setdefault(parts[root], set()).update(got)
     cast = {v for v in parts if by_part.get(parts[v]) == {True}}
     return cast, [v for v in outs if not isinstance(v, jex.core.Literal) and v in cast]
+
+
+def _cast_in_scan(e, every: frozenset) -> set:
+    """The operands of scan `e` (of a planned scan's body) that its own body would cast
+    (`_castable`, recursively): constants whose part there is left only by `pvary`s to all of
+    `every`.  Cast before the outer checkpoint, they reach the inner scan varying, which
+    `apply` re-issues so that its casts are the identity (`_apply._replayed_varying`): the LSTM
+    written per device, its weights cast to varying in each step's cell
+    (tests/test_nested_scans.py)."""
+    if e.primitive.name != "scan":
+        return set()
+    body, nc = e.params["jaxpr"].jaxpr, int(e.params["num_consts"])
+    ncar = int(e.params["num_carry"])
+    cast, early = _castable(body.eqns, body.outvars, every, body.invars[nc:nc + ncar])
+    return {u for u, b in zip(e.invars[:nc], body.invars[:nc]) if b in cast and b not in early}
 
 
 def _evaluated_early(eqns, early: list, env: dict) -> dict:
