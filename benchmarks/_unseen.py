@@ -846,9 +846,13 @@ def _sdepth_desc(how: str) -> str:
 
 
 def scale_batches(k: int) -> None:
-    """Every model's batch times `k` (as `realscale.scale_batches`)."""
-    for d, key in ((MOE, "B"), (UNET, "batch"), (ED, "B"), (VIT, "batch"), (ALT, "B"), (PZ, "B"), (SCANS, "B"), (SSD, "B"), (FA, "B"), (CK, "B"), (MIXED, "B"), (DR, "B"), (SDEPTH, "B")):
-        d[key] *= k
+    """Every model's batch times `k` (as `realscale.scale_batches`): each size table's ("B" or
+    "batch"), found by name, so a family added later is scaled too (a list by hand had left out
+    LoRA's, the shared-weight decoder's and the LSTM's)."""
+    for d in [v for n, v in globals().items() if n.isupper() and isinstance(v, dict)]:
+        for key in ("B", "batch"):
+            if key in d:
+                d[key] *= k
 
 
 # -- LoRA fine-tuning: frozen base weights, low-rank adapters the only differentiated argument --
