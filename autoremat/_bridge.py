@@ -45,7 +45,8 @@ def to_plan(model: ChainModel, segments: Sequence[Segment], *, budget: int | Non
         saved, off = frozenset(payload.get("saved", ())), frozenset(payload.get("offloaded", ()))
         if kind == "scan":
             barriers = scan_barriers or g.ops[payload["op"]].unrolled
-            scans.append(ScanPlan(payload["op"], saved, off, prevent_cse=barriers))
+            if payload.get("outer", True):  # else the body is left alone, a scan inside it checkpointed
+                scans.append(ScanPlan(payload["op"], saved, off, prevent_cse=barriers))
             body = g.ops[payload["op"]].bodies[0]
             for vid in body.residual_values():
                 if body.values[vid].producer is not None:
@@ -134,12 +135,13 @@ def plan_segments(model, plan):
     scan_block = {b.ops[0]: b.index for b in model.blocks if b.kind == "scan"}
     chosen: dict[int, Segment] = {}
 
-    def pick(i, j, saved, off, name=None, nested=None):
+    def pick(i, j, saved, off, name=None, nested=None, outer=True):
         opts = problem.options.get((i, j), ())
         same = [o for o in opts if isinstance(o.payload, dict) and o.payload.get("kind") != "none"
                 and frozenset(o.payload.get("saved", ())) == saved
                 and frozenset(o.payload.get("offloaded", ())) == off
-                and {k: frozenset(v) for k, v in o.payload.get("nested", {}).items()} == (nested or {})]
+                and {k: frozenset(v) for k, v in o.payload.get("nested", {}).items()} == (nested or {})
+                and o.payload.get("outer", True) == outer]
         named = [o for o in same if o.name == name]
         if not (named or same):
             raise AutorematError(f"the plan's region over blocks [{i}, {j}) matches none of the model's options")
@@ -151,9 +153,15 @@ def plan_segments(model, plan):
             raise AutorematError(f"the plan's region [{r.start}, {r.stop}) does not fall on block boundaries")
         name = r.label.split(": ", 1)[1] if ": " in r.label else None
         chosen[i] = pick(i, j, r.saved, r.offloaded, name)
+    planned = {s.op for s in plan.scans}
     for s in plan.scans:
         i = scan_block.get(s.op)
-        if i is None and "/body/" in s.op and s.op.split("/body/")[0] in scan_block:
+        top = s.op.split("/body/")[0]
+        if i is None and "/body/" in s.op and top in scan_block:
+            if top not in planned:  # a scan checkpointed in a body left alone
+                nested = {n.op: n.saved for n in plan.scans if n.op.startswith(f"{top}/body/")}
+                chosen[scan_block[top]] = pick(scan_block[top], scan_block[top] + 1, frozenset(), frozenset(),
+                                               nested=nested, outer=False)
             continue  # a scan in a planned scan's body: matched with it
         if i is None:
             raise AutorematError(f"the plan's scan {s.op} is not a block of the model")

@@ -117,7 +117,7 @@ def test_the_chain_model_offers_nested_options_at_their_compiled_flops():
     (i,) = [b.index for b in m.blocks if b.kind == "scan"]
     opts = {o.name: o for o in m.raw_problem.options[(i, i + 1)]}
     base = compiled_stats(loss, *_args()).jaxpr_flops
-    for name in ("scan:in:ilp50%", "scan:nest:ilp50%"):
+    for name in ("scan:in:ilp50%", "scan:nest:ilp50%", "scan:inner:ilp50%"):
         o = opts[name]
         segs = tuple(s if s.start != i else replace(s, option=o) for s in m.uniform("none", 1))
         plan = to_plan(m, segs)
@@ -125,6 +125,8 @@ def test_the_chain_model_offers_nested_options_at_their_compiled_flops():
         assert back.name.rsplit(":", 1)[0] == name.rsplit(":", 1)[0] and back.payload == o.payload
         if "nest" in name:
             assert {s.op for s in plan.scans} == {outer, inner}
+        if "inner" in name:  # the outer body left alone
+            assert {s.op for s in plan.scans} == {inner}
         extra = compiled_stats(apply(loss, plan), *_args()).jaxpr_flops - base
         assert extra == pytest.approx(o.recompute_flops, rel=0.02, abs=1e6), name
 

@@ -322,8 +322,8 @@ def _build(jaxpr, prof: DeviceProfile, *, prefix: str, in_diff: list[bool], in_d
             # checkpoint_name is an identity: its input carries the user's name too.
             named_alias[in_ids[0]] = user_name
         res = eqn_residuals(eqn, in_d) if any_d and live[idx] else EqnResiduals((False,) * len(in_ids), (False,) * len(out_ids), 0)
-        bodies = _bodies(eqn, oid, prof, in_d, [div[x] if x else 1.0 for x in in_ids], multiplicity,
-                         per_body.get(idx))
+        bodies = _bodies(eqn, oid, prof, in_d, _carried_divisors(eqn, [div[x] if x else 1.0 for x in in_ids],
+                                                                 outs_div), multiplicity, per_body.get(idx))
         cost, matmul_flops, batched = _per_device_cost(eqn, max([*outs_wdiv, *in_wdv], default=1.0))
         dtype = str(eqn.outvars[0].aval.dtype) if eqn.outvars and hasattr(eqn.outvars[0].aval, "dtype") else "float32"
         ops[oid] = OpInfo(
@@ -435,6 +435,23 @@ def _fusible_jaxpr(jaxpr, nested: int) -> bool:
                or (nested > 0 and e.primitive.name in ("pjit", "jit", "closed_call")
                    and _fusible_jaxpr(e.params.get("jaxpr", e.params.get("call_jaxpr")), nested - 1))
                for e in eqns)
+
+
+def _carried_divisors(eqn, in_div: list, outs_div: list) -> list:
+    """The split of a scan's operands as its body sees them: a carry is laid out like the carry
+    the scan returns where that is split finer than its initial value (zeros the body then fills
+    with split values).  The LSTM in a scan over layers under FSDP on 8 devices
+    (benchmarks/sharded.py --models lstm_scan --layouts fsdp --batch-scale 8): each layer's scan
+    over time starts from zeros, and its per-step carries counted whole put the options keeping
+    the inner body's values 8 times over, so none competed."""
+    if eqn.primitive.name != "scan":
+        return in_div
+    n_consts, n_carry = scan_counts(eqn.params)
+    out = list(in_div)
+    for k in range(n_carry):
+        if n_consts + k < len(out) and k < len(outs_div):
+            out[n_consts + k] = max(out[n_consts + k], outs_div[k])
+    return out
 
 
 def _bodies(eqn, oid, prof, in_d, in_div, multiplicity, body_div=None) -> tuple[Graph, ...]:
