@@ -45,12 +45,13 @@ def to_plan(model: ChainModel, segments: Sequence[Segment], *, budget: int | Non
         saved, off = frozenset(payload.get("saved", ())), frozenset(payload.get("offloaded", ()))
         if kind == "scan":
             barriers = scan_barriers or g.ops[payload["op"]].unrolled
-            if payload.get("outer", True):  # else the body is left alone, a scan inside it checkpointed
+            outer = payload.get("outer", True)  # else the body is left alone, a scan inside it checkpointed
+            if outer:
                 scans.append(ScanPlan(payload["op"], saved, off, prevent_cse=barriers))
             body = g.ops[payload["op"]].bodies[0]
             for vid in body.residual_values():
                 if body.values[vid].producer is not None:
-                    decisions[vid] = "offload" if vid in off else ("save" if vid in saved else "recompute")
+                    decisions[vid] = "offload" if vid in off else ("save" if vid in saved or not outer else "recompute")
             for inner, kept in payload.get("nested", {}).items():  # a scan in the body, checkpointed inside it
                 scans.append(ScanPlan(inner, frozenset(kept), prevent_cse=barriers))
                 saved = saved | kept

@@ -112,28 +112,24 @@ def _scan_options(g, b, d, cross, caps, method, time_limit, offload, host_bw, no
                                length * s_b, {"kind": "scan", "op": op.id, "saved": frozenset(),
                                               "offloaded": saved}))
     return tuple(opts) + _nested_options(body, op.id, length, per_iter_in, cot, scan_caps, method, time_limit,
-                                         none_b - int(none_scale * length * _inner_stacks(body)))
-
-
-def _inner_stacks(body) -> int:
-    """What the scans in a scan body stack for their own backward, per iteration of the body."""
-    return sum(o.extra_residual_bytes for o in body.ops.values() if o.primitive == "scan" and o.bodies)
+                                         none_b, none_scale)
 
 
 def _nested_options(body, oid: str, length: int, per_iter_in: int, cot: int, caps, method,
-                    time_limit, none_rest: int) -> tuple[Option, ...]:
+                    time_limit, none_b: int, none_scale: float) -> tuple[Option, ...]:
     """Options of a scan body that holds scans of its own (an LSTM layer's scan over time in a
-    scan over layers), two per saved set the region solver gives each inner body:
+    scan over layers), three per saved set the region solver gives each inner body:
     `scan:in:<set>`: the outer body saves only those inner values (stacked over both trip
     counts), so its backward re-runs no more of the inner scan than the set leaves out;
     `scan:nest:<set>`: the outer body saves nothing and the inner scan gets a checkpoint of
     its own keeping the set, so one outer iteration's inner values are live while it runs
-    backward; `scan:inner:<set>`: the outer body left alone (JAX keeps its residuals but the
-    inner scan's stacks, `none_rest`), the inner scan checkpointed keeping the set, as a policy
+    backward; `scan:inner:<set>`: the outer body left alone (JAX keeps its residuals, `none_b`,
+    but the inner scan's own stacks), the inner scan checkpointed keeping the set, as a policy
     written on an RNN's cell (under FSDP on 8 devices, `nothing_saveable` on the LSTM scan's
     cells recomputes half the FLOPs of the nested option at the same budget:
-    benchmarks/sharded.py --models lstm_scan --layouts fsdp --batch-scale 8).  The outer body's own options stop at the inner scan: its region solver sees it
-    as one equation whose residuals are all it stacks.  On the LSTM in a scan over layers
+    benchmarks/sharded.py --models lstm_scan --layouts fsdp --batch-scale 8).  The outer
+    body's own options stop at the inner scan: its region solver sees it as one equation whose
+    residuals are all it stacks.  On the LSTM in a scan over layers
     (benchmarks/_unseen.py `lstm_scan`, 4 layers of 1024 steps; benchmarks/budget_log.py
     --model lstm_scan --budget B): at 14.13 GiB the outer body keeping the inner gates compiled
     to 11.75 GiB recomputing no matmul, where the leanest of its own options that recomputes
@@ -147,6 +143,7 @@ def _nested_options(body, oid: str, length: int, per_iter_in: int, cot: int, cap
         # nested: the whole body re-run, the inner scan's forward with it, its own stacks replaced
         rf_b, rt_b, live_b = _outer_rerun(body, rest, frozenset(inner.inputs), rt)
         rf_b, rt_b = rf_b + inner.cost.flops, rt_b + rt[inner.id]
+        rest_b = max(none_b - int(none_scale * length * inner.extra_residual_bytes), 0)  # left alone, less its stacks
         for name, saved, s_in, rf_in, rt_in, needs in _inner_sets(inner, caps, method, time_limit):
             rf_a, rt_a, live_a = _outer_rerun(body, rest, needs, rt)
             stored = length * (per_iter_in + s_in)
@@ -156,7 +153,7 @@ def _nested_options(body, oid: str, length: int, per_iter_in: int, cot: int, cap
             out.append(Option(f"scan:nest:{name}", stored, stored + live_b + s_in + cot, length * (rt_b + rt_in),
                               length * (rf_b + rf_in), 0,
                               {"kind": "scan", "op": oid, "saved": frozenset(), "nested": {inner.id: saved}}))
-            stored = max(none_rest, 0) + length * s_in
+            stored = rest_b + length * s_in
             out.append(Option(f"scan:inner:{name}", stored, stored + cot, length * rt_in, length * rf_in, 0,
                               {"kind": "scan", "op": oid, "outer": False, "saved": frozenset(),
                                "nested": {inner.id: saved}}))
