@@ -44,20 +44,10 @@ def to_plan(model: ChainModel, segments: Sequence[Segment], *, budget: int | Non
             continue
         saved, off = frozenset(payload.get("saved", ())), frozenset(payload.get("offloaded", ()))
         if kind == "scan":
-            barriers = scan_barriers or g.ops[payload["op"]].unrolled
-            outer = payload.get("outer", True)  # else the body is left alone, a scan inside it checkpointed
-            if outer:
-                scans.append(ScanPlan(payload["op"], saved, off, prevent_cse=barriers))
-            body = g.ops[payload["op"]].bodies[0]
-            for vid in body.residual_values():
-                if body.values[vid].producer is not None:
-                    decisions[vid] = "offload" if vid in off else ("save" if vid in saved or not outer else "recompute")
-            for inner, kept in payload.get("nested", {}).items():  # a scan in the body, checkpointed inside it
-                scans.append(ScanPlan(inner, frozenset(kept), prevent_cse=barriers))
-                saved = saved | kept
-            for vid in saved | off:  # kept values the backward pass does not read itself
-                decisions.setdefault(vid, "offload" if vid in off else "save")
+            scans.extend(_scan_plans(g, payload, decisions, scan_barriers))
             continue
+        if "scan" in payload:  # a region around a scan, the scan checkpointed inside it
+            scans.extend(_scan_plans(g, payload["scan"], decisions, scan_barriers))
         start, stop = blocks[0].start, blocks[-1].stop
         label = f"blocks {seg.start}-{seg.stop - 1}: {seg.option.name}"
         regions.append(Region(start, stop, saved, off, label=label))
@@ -85,6 +75,25 @@ def to_plan(model: ChainModel, segments: Sequence[Segment], *, budget: int | Non
         predicted_peak=result.peak_bytes if result is not None else None, budget=budget,
         estimated_extra_time=result.objective if result is not None else None, meta=m,
         structure=tuple(describe_eqn(e) for e in t.jaxpr.eqns))
+
+
+def _scan_plans(g, payload: dict, decisions: dict, scan_barriers: bool) -> list[ScanPlan]:
+    """The scan plans of a scan option's `payload` (its body's, and those of scans checkpointed
+    inside the body), the decisions on its body's values recorded in `decisions`."""
+    saved, off = frozenset(payload.get("saved", ())), frozenset(payload.get("offloaded", ()))
+    barriers = scan_barriers or g.ops[payload["op"]].unrolled
+    outer = payload.get("outer", True)  # else the body is left alone, a scan inside it checkpointed
+    out = [ScanPlan(payload["op"], saved, off, prevent_cse=barriers)] if outer else []
+    body = g.ops[payload["op"]].bodies[0]
+    for vid in body.residual_values():
+        if body.values[vid].producer is not None:
+            decisions[vid] = "offload" if vid in off else ("save" if vid in saved or not outer else "recompute")
+    for inner, kept in payload.get("nested", {}).items():  # a scan in the body, checkpointed inside it
+        out.append(ScanPlan(inner, frozenset(kept), prevent_cse=barriers))
+        saved = saved | kept
+    for vid in saved | off:  # kept values the backward pass does not read itself
+        decisions.setdefault(vid, "offload" if vid in off else "save")
+    return out
 
 
 def _kept_at_boundaries(g, regions) -> set[str]:
@@ -135,14 +144,14 @@ def plan_segments(model, plan):
     stop_of = {b.stop: b.index + 1 for b in model.blocks}
     scan_block = {b.ops[0]: b.index for b in model.blocks if b.kind == "scan"}
     chosen: dict[int, Segment] = {}
+    scans = _scan_keys(plan)
 
-    def pick(i, j, saved, off, name=None, nested=None, outer=True):
+    def pick(i, j, saved, off, name=None, scan=None):
         opts = problem.options.get((i, j), ())
         same = [o for o in opts if isinstance(o.payload, dict) and o.payload.get("kind") != "none"
                 and frozenset(o.payload.get("saved", ())) == saved
                 and frozenset(o.payload.get("offloaded", ())) == off
-                and {k: frozenset(v) for k, v in o.payload.get("nested", {}).items()} == (nested or {})
-                and o.payload.get("outer", True) == outer]
+                and (_scan_key(o.payload.get("scan")) if j > i + 1 else _scan_key(o.payload)) == scan]
         named = [o for o in same if o.name == name]
         if not (named or same):
             raise AutorematError(f"the plan's region over blocks [{i}, {j}) matches none of the model's options")
@@ -153,21 +162,13 @@ def plan_segments(model, plan):
         if i is None or j is None:
             raise AutorematError(f"the plan's region [{r.start}, {r.stop}) does not fall on block boundaries")
         name = r.label.split(": ", 1)[1] if ": " in r.label else None
-        chosen[i] = pick(i, j, r.saved, r.offloaded, name)
-    planned = {s.op for s in plan.scans}
-    for s in plan.scans:
-        i = scan_block.get(s.op)
-        top = s.op.split("/body/")[0]
-        if i is None and "/body/" in s.op and top in scan_block:
-            if top not in planned:  # a scan checkpointed in a body left alone
-                nested = {n.op: n.saved for n in plan.scans if n.op.startswith(f"{top}/body/")}
-                chosen[scan_block[top]] = pick(scan_block[top], scan_block[top] + 1, frozenset(), frozenset(),
-                                               nested=nested, outer=False)
-            continue  # a scan in a planned scan's body: matched with it
+        inside = [op for op, k in scan_block.items() if i <= k < j and op in scans]  # a scan checkpointed in it
+        chosen[i] = pick(i, j, r.saved, r.offloaded, name, scans.pop(inside[0]) if inside else None)
+    for op, key in scans.items():
+        i = scan_block.get(op)
         if i is None:
-            raise AutorematError(f"the plan's scan {s.op} is not a block of the model")
-        nested = {n.op: n.saved for n in plan.scans if n.op.startswith(f"{s.op}/body/")}
-        chosen[i] = pick(i, i + 1, s.saved, s.offloaded, nested=nested)
+            raise AutorematError(f"the plan's scan {op} is not a block of the model")
+        chosen[i] = pick(i, i + 1, key[1], key[2], scan=key)
     segs, i = [], 0
     while i < problem.n_blocks:
         if i in chosen:
@@ -186,6 +187,30 @@ def plan_segments(model, plan):
         else:
             raise AutorematError(f"block {i} has no 'none' option to leave it un-rematerialized")
     return tuple(segs)
+
+
+def _scan_key(payload: dict | None) -> tuple | None:
+    """What a scan option's payload asks of the scan: (op, saved, offloaded, the scans
+    checkpointed in its body with their saved sets, whether its own body is checkpointed)."""
+    if not payload or payload.get("kind") != "scan":
+        return None
+    return (payload["op"], frozenset(payload.get("saved", ())), frozenset(payload.get("offloaded", ())),
+            frozenset((k, frozenset(v)) for k, v in payload.get("nested", {}).items()), payload.get("outer", True))
+
+
+def _scan_keys(plan) -> dict:
+    """Top-level scan op -> `_scan_key` of what `plan` does with it: its body's plan, or (body
+    left alone) the plans of the scans in its body."""
+    planned = {s.op for s in plan.scans}
+    out = {}
+    for s in plan.scans:
+        top = s.op.split("/body/")[0]
+        if s.op != top and top in planned:
+            continue  # a scan in a planned scan's body: matched with it
+        nested = frozenset((n.op, n.saved) for n in plan.scans if n.op.startswith(f"{top}/body/"))
+        out[top] = ((top, s.saved, s.offloaded, nested, True) if s.op == top
+                    else (top, frozenset(), frozenset(), nested, False))
+    return out
 
 
 def baseline_segments(model, option: str | None):

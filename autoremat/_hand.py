@@ -39,7 +39,7 @@ from autoremat.graph._layers import Layer, layer_spans
 from autoremat.graph._trace import describe_eqn
 from autoremat.runtime._plan import Plan, Region, ScanPlan, ValueRecord
 
-__all__ = ["HAND_POLICIES", "HandPlan", "HandSearch", "layer_plan", "maxtext_presets", "uniform_plans"]
+__all__ = ["HAND_POLICIES", "HandPlan", "HandSearch", "Nested", "as_written", "layer_plan", "maxtext_presets", "uniform_plans"]
 
 # JAX's built-in policies a person applies per layer, leanest first.
 HAND_POLICIES = ("nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_saveable")
@@ -127,6 +127,21 @@ class _Pair:
 
 
 @dataclass(frozen=True)
+class Nested:
+    """JAX's `policy` on a layer and on the body of every scan in it, as a person checkpoints a
+    recurrent layer and its cell: JAX keeps the cell's residuals through the layer's checkpoint
+    (`solver._chain_model._Regions.around_scan`), so it stores per step what the cell's policy
+    keeps and re-runs the rest of the layer.  On the unrolled stacked LSTM (benchmarks/_unseen.py
+    `lstm`), `nothing_saveable` so compiles to 8.63 GiB, on the layers alone to 18.63 and on the
+    cells alone to 16.00."""
+
+    policy: str
+
+    def __str__(self) -> str:
+        return f"{self.policy} on the layer and its scans"
+
+
+@dataclass(frozen=True)
 class HandPlan:
     """A compiled hand-written plan: its label, plan, compiled peak and extra matmul FLOPs."""
 
@@ -149,7 +164,10 @@ def layer_plan(g: Graph, layers: Sequence[Layer], policies: Sequence, *,
         if pol is None:
             continue
         eqn = traced.jaxpr.eqns[layer.start]
-        if layer.stop - layer.start == 1 and eqn.primitive.name == "scan":
+        if isinstance(pol, Nested):
+            regions.append(Region(layer.start, layer.stop, policy=pol.policy, label=f"layer {k}: {pol}"))
+            scans += [ScanPlan(f"e{i}", policy=pol.policy, prevent_cse=True) for i in _scans_in(traced, layer)]
+        elif layer.stop - layer.start == 1 and eqn.primitive.name == "scan":
             sets = isinstance(pol, frozenset)
             scans.append(ScanPlan(f"e{layer.start}", saved=pol if sets else frozenset(), policy="" if sets else pol,
                                   prevent_cse=prevent_cse))
@@ -163,6 +181,13 @@ def layer_plan(g: Graph, layers: Sequence[Layer], policies: Sequence, *,
                 values=_records(g, layers, policies),
                 structure=tuple(describe_eqn(e) for e in traced.jaxpr.eqns),
                 user_checkpoints=kept_user_checkpoints(traced, layers, policies))
+
+
+def _scans_in(traced, layer: Layer) -> list[int]:
+    """The top-level scan equations of a layer that is not a scan itself."""
+    eqns = traced.jaxpr.eqns
+    return [] if layer.stop - layer.start == 1 else [
+        i for i in range(layer.start, layer.stop) if eqns[i].primitive.name == "scan"]
 
 
 def kept_user_checkpoints(traced, layers: Sequence[Layer], policies: Sequence) -> tuple[int, ...]:
@@ -181,7 +206,7 @@ def kept_user_checkpoints(traced, layers: Sequence[Layer], policies: Sequence) -
             continue
         la, pol = home
         whole = (u.start, u.stop) == (la.start, la.stop)
-        if pol is None or (isinstance(pol, str) and not whole):
+        if pol is None or (isinstance(pol, (str, Nested)) and not whole):
             kept.append(k)
     return tuple(kept)
 
@@ -189,18 +214,24 @@ def kept_user_checkpoints(traced, layers: Sequence[Layer], policies: Sequence) -
 def _records(g: Graph, layers: Sequence[Layer], policies: Sequence) -> dict[str, ValueRecord]:
     """Per value produced at the top level of a layer (or in a scan layer's body) that the
     policy stores (`policy_keeps`) or the backward pass reads: saved or recomputed under the
-    layer's policy (values inside nested calls are not listed)."""
+    layer's policy (values inside nested calls are not listed); under `Nested`, the values of
+    the bodies of the layer's scans too, their bytes stacked over the scan's steps."""
     out = {}
     for layer, pol in zip(layers, policies):
         if pol is None:
             continue
-        graph, ops, _ = layer_body(g, layer)
-        residual, keeps = set(graph.residual_values()), policy_keeps(graph, ops, pol)
-        for op in ops:
-            for vid in op.outputs:
-                if vid in residual or vid in keeps:
-                    decision = "save" if vid in keeps else "recompute"
-                    out[vid] = ValueRecord.from_graph(vid, decision, graph.values[vid], op)
+        parts = [layer_body(g, layer)]
+        if isinstance(pol, Nested):
+            pol = pol.policy
+            scans = [g.ops[f"e{i}"] for i in _scans_in(g.traced, layer)]
+            parts += [(s.bodies[0], list(s.bodies[0].ops.values()), int(s.params.get("length", 1))) for s in scans]
+        for k, (graph, ops, length) in enumerate(parts):
+            residual, keeps = set(graph.residual_values()), policy_keeps(graph, ops, pol)
+            for op in ops:
+                for vid in op.outputs:
+                    if vid in residual or vid in keeps:
+                        rec = ValueRecord.from_graph(vid, "save" if vid in keeps else "recompute", graph.values[vid], op)
+                        out[vid] = replace(rec, nbytes=rec.nbytes * length) if k else rec
     return out
 
 
@@ -221,9 +252,13 @@ def uniform_plans(g: Graph, layers: Sequence[Layer], meta: dict | None = None,
                 for la in layers)
     options = [(pol, pol, [pol] * n) for pol in HAND_POLICIES]
     options += [(pol, f"MaxText's {pol.removeprefix(MAXTEXT)}", list(sets)) for pol, sets in (presets or {}).items()]
-    return [(pol, f"{label} per layer" + ("" if cse else " (scan bodies with prevent_cse=False)"),
-             layer_plan(g, layers, per_layer, meta=meta, prevent_cse=cse))
-            for pol, label, per_layer in options for cse in ((True, False) if scans else (True,))]
+    plans = [(pol, f"{label} per layer" + ("" if cse else " (scan bodies with prevent_cse=False)"),
+              layer_plan(g, layers, per_layer, meta=meta, prevent_cse=cse))
+             for pol, label, per_layer in options for cse in ((True, False) if scans else (True,))]
+    if any(_scans_in(g.traced, la) for la in layers):  # recurrent layers: the policy on their cells too
+        plans += [(pol, f"{pol} per layer and on the scans in it",
+                   layer_plan(g, layers, [Nested(pol)] * n, meta=meta)) for pol in HAND_POLICIES]
+    return plans
 
 
 class HandSearch:
@@ -255,7 +290,7 @@ class HandSearch:
         self.set_compiles = 0
         # (lean, fast) -> the model's peak of the mix with k layers of `fast` last, k = 0..n; or
         # None (the caller's chain model, for JAX's policies and no remat; not for solver sets)
-        self.curve = curve or (lambda lean, fast: None)
+        self._curve = curve or (lambda lean, fast: None)
         self.points: dict[str | None, HandPlan] = {None: none}  # option on every layer -> compiled
         self.choice = {None: lambda k: None}  # option -> what layer k gets under it
         self.saved_bytes: dict[str, int] = {}  # option -> bytes it saves over the stack
@@ -268,6 +303,13 @@ class HandSearch:
         # (the solver's first round), compiled among them in `_next_move`'s order (`_rival_first`);
         # `compile()` says whether it compiled the plan
         self.rival: tuple[float, Callable[[], bool]] | None = None
+
+    def curve(self, lean, fast) -> Sequence[int] | None:
+        """The caller's curve of a pair of options as their compiled plans write them (`as_written`)."""
+        return self._curve(self._written(lean), self._written(fast))
+
+    def _written(self, key):
+        return as_written(key, getattr(self.points.get(key), "plan", None))
 
     def plan(self, policies: Sequence[str | None], label: str, ahead: Sequence[Sequence] = (),
              expected: float | None = None) -> HandPlan:
@@ -300,7 +342,8 @@ class HandSearch:
             # the leaner ones are compiled only if this one is over, or if it cannot end the phase;
             # where the model puts this one over, the next is compiled beside it
             later = order[i + 1:i + 1 + AHEAD] if self._model_over(pol, limit) else certain
-            got = self.compile(_expecting(plan, self._policy_expected(pol)), label, [q[2] for q in later[:AHEAD]],
+            got = self.compile(_expecting(plan, self._policy_expected(pol, as_written(pol, plan))), label,
+                               [q[2] for q in later[:AHEAD]],
                                [(q[2], q[1]) for q in later])
             self.say(f"hand-written {label} ({n} layers): compiled {format_bytes(got.peak)}, "
                      f"+{got.extra_flops / 1e9:.4g} GFLOP")
@@ -352,7 +395,7 @@ class HandSearch:
         may be the lowest (the 1B decoder written per device: 7616 bytes under nothing_saveable's)."""
         n = len(self.layers)
         lean, fast = HAND_POLICIES[0], HAND_POLICIES[1]
-        label = f"{n - n // 2} layers {_name(lean)}, {n // 2} layers {_name(fast)}"
+        label = f"{n - n // 2} layers {_name(self._written(lean))}, {n // 2} layers {_name(self._written(fast))}"
         got = self.plan(self._mix(lean, fast, n // 2), label)
         self.say(f"hand-written mix, {got.label}: compiled {format_bytes(got.peak)}")
         self.mixes.append(got)
@@ -378,11 +421,12 @@ class HandSearch:
         """`got`, the compiled plan of `pol` on every layer, as an option for the mixes."""
         sets = self.presets.get(pol)
         self.points[pol] = got
-        self.choice[pol] = (lambda k, pol=pol: pol) if sets is None else (lambda k, sets=sets: sets[k])
+        written = as_written(pol, got.plan)
+        self.choice[pol] = (lambda k, sets=sets: sets[k]) if sets is not None else (lambda k, w=written: w)
         self.saved_bytes[pol] = sum(r.nbytes for r in got.plan.values.values() if r.decision == "save")
         self._flops_of(pol)
 
-    def _policy_expected(self, pol: str) -> float | None:
+    def _policy_expected(self, pol: str, written=None) -> float | None:
         """`pol` on every layer's peak expected before compiling it: the compiled peak of the
         leanest policy compiled so far (they compile fastest first, so that is the one nearest in
         peak) plus the chain model's difference between the two (`curve`); the model's own figure
@@ -392,7 +436,7 @@ class HandSearch:
         FSDP and FSDP x TP), the policies compiled after another came out 7 of 12 within 5% of
         their compiled peaks, -13.7..+2.6%, where scaling the model by the policy before gave 2
         of 12, -43.5..0% (benchmarks/policy_expected.py, results/policy_expected*.md)."""
-        curve = self.curve(None, pol)
+        curve = self._curve(None, self._written(pol) if written is None else written)
         if curve is None:
             return None
         nearest = next((self.points[p].peak - c[-1] for p in HAND_POLICIES if p in self.points
@@ -638,8 +682,9 @@ class HandSearch:
         while it compiles; `m`'s bracket and line (`_line`) updated."""
         n = len(self.layers)
         nearby = [j for j in (k + 1, k - 1) if max(m.fit, m.floor - 1) < j < m.over][:AHEAD]
-        got = self.plan(self._mix(m.lean, m.fast, k), f"{n - k} layers {_name(m.lean)}, {k} layers {_name(m.fast)}",
-                        [self._mix(m.lean, m.fast, j) for j in nearby], expected=m.line(k))
+        label = f"{n - k} layers {_name(self._written(m.lean))}, {k} layers {_name(self._written(m.fast))}"
+        got = self.plan(self._mix(m.lean, m.fast, k), label, [self._mix(m.lean, m.fast, j) for j in nearby],
+                        expected=m.line(k))
         self.say(f"hand-written mix, {got.label}: compiled {format_bytes(got.peak)}")
         self.mixes.append(got)
         m.peaks[k], m.steps = got.peak, m.steps + 1
@@ -693,7 +738,7 @@ class HandSearch:
         predicted = min(fall, shape)
         if predicted <= limit * (1 + FALL_SLACK):
             return False
-        self.say(f"hand-written mix, {n - k} layers {_name(lean)}, {k} layers {_name(fast)}, the fewest that could "
+        self.say(f"hand-written mix, {n - k} layers {_name(self._written(lean))}, {k} layers {_name(self._written(fast))}, the fewest that could "
                  f"win: predicted {format_bytes(predicted)} (the lower of the faster plan's compiled peak less the "
                  f"model's fall and the line through both plans' compiled peaks), over the budget by more than "
                  f"{FALL_SLACK:.0%}: not compiled")
@@ -775,6 +820,17 @@ class HandSearch:
         return [self.choice[lean](i) for i in range(n - k)] + [self.choice[fast](i) for i in range(n - k, n)]
 
 
+def _nests(plan: Plan) -> bool:
+    """Whether a hand-written plan puts its policy on the scans inside its layers (`Nested`)."""
+    return any("/" not in s.op and any(r.start <= int(s.op[1:]) < r.stop for r in plan.regions) for s in plan.scans)
+
+
+def as_written(pol, plan: Plan):
+    """The per-layer option `pol` as `plan`, its hand-written plan on every layer, writes it:
+    `Nested(pol)` where it puts `pol` on the scans inside the layers too."""
+    return Nested(pol) if isinstance(pol, str) and isinstance(plan, Plan) and _nests(plan) else pol
+
+
 def _certain(order: Sequence[tuple], i: int) -> list:
     """The plans after `order[i]` that `HandSearch.uniform` compiles whatever their peaks: up to
     the last variant of the next of JAX's policies (only one of those that fits ends the phase;
@@ -805,6 +861,8 @@ def _cap(label: str) -> str:
 def _name(option) -> str:
     if option is None:
         return "no remat"
+    if isinstance(option, Nested):
+        return str(option)
     if option in HAND_POLICIES:
         return option
     return f"MaxText's {option.removeprefix(MAXTEXT)}" if option.startswith(MAXTEXT) else f"the solver's {option} set"

@@ -48,7 +48,7 @@ from typing import NamedTuple
 from autoremat._bridge import to_plan, with_recompute_costs
 from autoremat._errors import InfeasibleBudgetError
 from autoremat._progress import working
-from autoremat._hand import HAND_POLICIES, HandPlan, HandSearch, maxtext_presets, uniform_plans
+from autoremat._hand import HAND_POLICIES, HandPlan, HandSearch, Nested, as_written, maxtext_presets, uniform_plans
 from autoremat._layer_options import ilp_options
 from autoremat._units import format_bytes
 from autoremat.graph._costs import OpCost
@@ -57,7 +57,7 @@ from autoremat.runtime._apply import apply
 from autoremat.runtime._plan import Plan
 from autoremat.runtime._validate import CompiledStats, StagedStep, compile_later, compile_step, stage_step
 from autoremat.solver._chain import evaluate, lowest_peak_segments
-from autoremat.solver._chain_model import ChainModel, build_chain_model
+from autoremat.solver._chain_model import AROUND, ChainModel, build_chain_model
 from autoremat.solver._solve import solve
 
 __all__ = ["PlanSearch", "Planned", "mix_curve", "start_first_hand_plans"]
@@ -502,8 +502,9 @@ class PlanSearch:
         the block boundaries nearest the layer's (`ChainModel.per_span`)."""
         m, spans = self.model, [(la.start, la.stop) for la in self.layers]
         out = []
-        for pol, kind in POLICY_KIND_OF.items():
-            segs = m.per_span(kind, spans) if pol in points else None
+        for pol in POLICY_KIND_OF:
+            kind = _kind_of(as_written(pol, points[pol].plan)) if pol in points else None
+            segs = m.per_span(kind, spans) if kind is not None else None
             if segs is not None:
                 predicted = evaluate(m.raw_problem, segs)[0]
                 out.append((points[pol].peak, points[pol].peak / max(predicted, 1)))
@@ -1162,9 +1163,10 @@ def _uniform_candidates(model: ChainModel) -> list[_Candidate]:
     has_scan = any(b.kind == "scan" for b in model.blocks)
     period = model.period()
     for kind in model.option_kinds():
+        around = kind.startswith(AROUND)  # a region over a layer holding a scan: per layer only
         shapes = [(size, 0) for size in ((0, 1, 2, 3, 4) if has_scan else (1, 2, 3, 4))
-                  if size <= 2 or kind.endswith("recompute")]
-        if period is not None and kind in POLICY_KINDS:
+                  if (size <= 2 or kind.endswith("recompute")) and not around]
+        if period is not None and (kind in POLICY_KINDS or around):
             shapes.append((period[1], period[0]))  # one region per repeated unit (layer)
         for size, offset in shapes:
             segs = model.uniform(kind, max(size, 1), scans_only=size == 0, offset=offset)
@@ -1176,15 +1178,24 @@ def _uniform_candidates(model: ChainModel) -> list[_Candidate]:
     return cands
 
 
+def _kind_of(option) -> str | None:
+    """The chain model's option kind of a hand-written per-layer option (JAX's policy by name,
+    None: no remat, `Nested`: the policy on the layer and on its scans' bodies); None for others."""
+    if isinstance(option, Nested):
+        kind = POLICY_KIND_OF.get(option.policy)
+        return None if kind is None else AROUND + kind.replace("ckpt:", "scan:", 1)
+    return "none" if option is None else POLICY_KIND_OF.get(option) if isinstance(option, str) else None
+
+
 def mix_curve(model: ChainModel, layers, lean, fast) -> list[int] | None:
-    """The chain model's peak of the mix of two per-layer options (JAX's policies by name, or
-    None: no remat), `lean` on the first layers and `fast` on the last k, for k = 0..n; None
-    for other options or where the chain's blocks do not cover the layers."""
-    kinds = {None: "none", **POLICY_KIND_OF}
-    if lean not in kinds or fast not in kinds:
+    """The chain model's peak of the mix of two per-layer options (`_kind_of`), `lean` on the
+    first layers and `fast` on the last k, for k = 0..n; None for other options or where the
+    chain's blocks do not cover the layers."""
+    kinds = (_kind_of(lean), _kind_of(fast))
+    if None in kinds:
         return None
     n, spans = len(layers), [(la.start, la.stop) for la in layers]
-    segs = [model.per_span([kinds[lean]] * (n - k) + [kinds[fast]] * k, spans) for k in range(n + 1)]
+    segs = [model.per_span([kinds[0]] * (n - k) + [kinds[1]] * k, spans) for k in range(n + 1)]
     return None if None in segs else [evaluate(model.raw_problem, sg)[0] for sg in segs]
 
 

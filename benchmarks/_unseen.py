@@ -1029,10 +1029,84 @@ def _lstm_desc(how: str) -> str:
             f"layer's cell: hidden {d['D']}, batch {d['B']}, bf16")
 
 
+# -- a graph network: message passing over edges, gathers in and scatter-adds out ---------------
+GNN = dict(L=12, D=512, F=512, N=16384, E=131072, B=2, IN=16, EIN=4, OUT=3)
+
+
+def _gnn_mlp(x, w1, w2):
+    """MeshGraphNet's MLP: Linear, SiLU, Linear, LayerNorm."""
+    return _ln(jax.nn.silu(x @ w1) @ w2)
+
+
+def _gnn_layer(x, e, p, senders, receivers):
+    """One message-passing step on a batch of graphs (x [B, N, D] nodes, e [B, E, D] edges): each
+    edge's MLP on (edge, sender, receiver), gathered from the nodes, then each node's MLP on
+    (node, the sum of its incoming edges), scattered onto the nodes; both residual."""
+    n = x.shape[1]
+    gather = jax.vmap(lambda v, i: v[i])
+    e = e + _gnn_mlp(jnp.concatenate([e, gather(x, senders), gather(x, receivers)], -1), p["e1"], p["e2"])
+    agg = jax.vmap(lambda m, r: jax.ops.segment_sum(m, r, num_segments=n))(e, receivers)
+    return x + _gnn_mlp(jnp.concatenate([x, agg], -1), p["n1"], p["n2"]), e
+
+
+def _gnn_args(lead: tuple = ()) -> tuple:
+    """(params, graphs): the graphs' input features, senders and receivers and node targets,
+    not differentiated."""
+    d, D, F = GNN, GNN["D"], GNN["F"]
+    layer = {"e1": sd((*lead, 3 * D, F), bf), "e2": sd((*lead, F, D), bf),
+             "n1": sd((*lead, 2 * D, F), bf), "n2": sd((*lead, F, D), bf)}
+    params = {"enc_n": sd((d["IN"], D), bf), "enc_e": sd((d["EIN"], D), bf), "dec": sd((D, d["OUT"]), bf),
+              "layers": layer if lead else [dict(layer) for _ in range(d["L"])]}
+    idx = sd((d["B"], d["E"]), jnp.int32)
+    graphs = {"nodes": sd((d["B"], d["N"], d["IN"]), bf), "edges": sd((d["B"], d["E"], d["EIN"]), bf),
+              "senders": idx, "receivers": idx, "targets": sd((d["B"], d["N"], d["OUT"]), bf)}
+    return params, graphs
+
+
+def _gnn_loss(params, graphs, run_layers):
+    x, e = _ln(graphs["nodes"] @ params["enc_n"]), _ln(graphs["edges"] @ params["enc_e"])
+    x, e = run_layers(x, e)
+    err = (x @ params["dec"]).astype(jnp.float32) - graphs["targets"].astype(jnp.float32)
+    return jnp.mean(err ** 2)
+
+
+def gnn(policies=None, prevent_cse=True):
+    pols = list(policies) if policies is not None else [None] * GNN["L"]
+
+    def loss(params, graphs):
+        def run(x, e):
+            for p, pol in zip(params["layers"], pols):
+                x, e = _wrap(_gnn_layer, pol, prevent_cse)(x, e, p, graphs["senders"], graphs["receivers"])
+            return x, e
+        return _gnn_loss(params, graphs, run)
+    return loss, _gnn_args(), _gnn_desc("layers unrolled"), GNN["L"]
+
+
+def gnn_scan(policies=None, prevent_cse=True):
+    pol = (policies or [None])[0]
+
+    def loss(params, graphs):
+        def body(xe, p):
+            return _gnn_layer(*xe, p, graphs["senders"], graphs["receivers"]), None
+
+        def run(x, e):
+            return jax.lax.scan(_wrap(body, pol, prevent_cse), (x, e), params["layers"])[0]
+        return _gnn_loss(params, graphs, run)
+    return loss, _gnn_args((GNN["L"],)), _gnn_desc("scan over layers"), GNN["L"]
+
+
+def _gnn_desc(how: str) -> str:
+    d = GNN
+    return (f"MeshGraphNet-style graph network ({d['L']} message-passing layers, {how}; each edge's MLP on "
+            f"its gathered sender and receiver, each node's on the scatter-added sum of its edges): latent "
+            f"{d['D']}, MLP {d['F']}, {d['N']} nodes and {d['E']} edges a graph, batch {d['B']}, bf16")
+
+
 BUILDERS = {"moe": moe, "unet": unet, "encdec": encdec, "vit_nnx": vit_nnx, "alternating": alternating,
             "penzai": penzai, "penzai_scan": penzai_scan, "nnx_scan": nnx_scan, "equinox_scan": equinox_scan,
             "ssd": ssd, "ssd_scan": ssd_scan, "vjp_attention": vjp_attention,
             "inner_checkpoint": inner_checkpoint, "inner_checkpoint_scan": inner_checkpoint_scan,
             "mixed": mixed, "mixed_scan": mixed_scan, "dropout": dropout, "dropout_scan": dropout_scan,
             "sdepth": sdepth, "sdepth_scan": sdepth_scan, "lora": lora, "lora_scan": lora_scan,
-            "shared": shared, "shared_scan": shared_scan, "lstm": lstm, "lstm_scan": lstm_scan}
+            "shared": shared, "shared_scan": shared_scan, "lstm": lstm, "lstm_scan": lstm_scan,
+            "gnn": gnn, "gnn_scan": gnn_scan}

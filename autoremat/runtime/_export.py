@@ -83,7 +83,7 @@ def plan_to_python(plan: Plan, framework: str = "jax") -> str:
                 continue
             out.append(f"#    {rec.source or vid}: x = checkpoint_name(x, {n!r})   # {rec.type} from {rec.primitive}")
     out.append("")
-    own = " unless the line names its own" if any("/" in sp.op for sp in plan.scans) else ""
+    own = " unless the line names its own" if _scan_policies_apart(plan) else ""
     out.append(f"# 2. The policy (use it for each jax.checkpoint region the plan lists below{own}):")
     if off_names:
         out.append("policy = jax.checkpoint_policies.save_and_offload_only_these_names(")
@@ -117,7 +117,8 @@ FRAMEWORKS = {
 def _layer_policies(plan: Plan):
     """Per layer of the plan (`plan.meta["layers"]`), what a person writes: a JAX policy by
     name (`cp.dots_saveable`), or None (leave the layer alone), with the layer's
-    `LayerRow` and whether it is a scan's body (and its `prevent_cse`).  None when the plan is
+    `LayerRow`, whether it is a scan's body (and its `prevent_cse`), and the policy on the
+    bodies of the scans inside it (a recurrent layer's cell; None: none).  None when the plan is
     not one checkpoint per layer (a region crosses a layer's edge, or saves named values)."""
     from autoremat.runtime._by_layer import layer_spans_and_rows
 
@@ -130,12 +131,15 @@ def _layer_policies(plan: Plan):
     for (start, stop), row in spans:
         region, scan = by_range.get((start, stop)), scans.get(f"e{start}") if stop == start + 1 else None
         part = region or scan
-        if part is not None and (part.saved or part.offloaded or not part.policy
-                                 or getattr(part, "children", ())):
+        inner = [s for op, s in scans.items() if region is not None and "/" not in op
+                 and start <= int(op[1:]) < stop and stop > start + 1]
+        if any(p.saved or p.offloaded or not p.policy or getattr(p, "children", ())
+               for p in ([part] if part is not None else []) + inner) or len({s.policy for s in inner}) > 1:
             return None
-        covered.add(id(part))
+        covered |= {id(part), *map(id, inner)}
         cse = scan.prevent_cse if scan is not None else True
-        out.append((row, f"cp.{part.policy}" if part is not None else None, scan is not None, cse))
+        out.append((row, f"cp.{part.policy}" if part is not None else None, scan is not None, cse,
+                    f"cp.{inner[0].policy}" if inner else None))
     if any(id(p) not in covered for p in (*plan.regions, *plan.scans)):
         return None  # a region outside the layers
     return out
@@ -154,15 +158,25 @@ def _policies_to_python(plan: Plan, layers, framework: str) -> str:
     out += ["", "cp = jax.checkpoint_policies", "",
             "# One entry per layer, in the order your model calls them (None: leave the layer alone).",
             "LAYER_POLICIES = ["]
-    for row, policy, scan, cse in layers:
+    for row, policy, scan, cse, _ in layers:
         out.append(f"    {policy},  # {row.layers}: {row.where}")
-    out += ["]", "PREVENT_CSE = [" + ", ".join(str(cse) for *_, cse in layers) + "]", ""]
+    out += ["]", "PREVENT_CSE = [" + ", ".join(str(cse) for _, _, _, cse, _ in layers) + "]", ""]
+    cells = any(inner for *_, inner in layers)
+    if cells:
+        out += ["# The policy on the body of each scan inside layer i (a recurrent layer's cell; None: none).",
+                "SCAN_BODY_POLICIES = [" + ", ".join(str(inner) for *_, inner in layers) + "]", ""]
     out += ["",
             "def remat_layer(i, fn):",
             f'    """Layer i as this plan runs it; `fn` is {what}."""',
             "    policy = LAYER_POLICIES[i]",
             f"    return fn if policy is None else {wrap.format(cse='PREVENT_CSE[i]')}"]
-    if any(scan for _, _, scan, _ in layers):
+    if cells:
+        out += ["", "",
+                "def remat_scan_body(i, body):",
+                '    """The body of a scan inside layer i, e.g. jax.lax.scan(remat_scan_body(i, cell), carry, xs)."""',
+                "    policy = SCAN_BODY_POLICIES[i]",
+                "    return body if policy is None else jax.checkpoint(body, policy=policy, prevent_cse=True)"]
+    if any(scan for _, _, scan, _, _ in layers):
         out += ["", "# A scan over layers is one entry: wrap the scan's body, "
                 "e.g. jax.lax.scan(remat_layer(i, body), carry, xs)."]
     return "\n".join(out) + "\n"
@@ -177,30 +191,39 @@ def _where(plan: Plan, framework: str, names: dict[str, str]) -> list[str]:
     wrap = FRAMEWORKS[framework][1].format(cse="True")
     rows = dict(layer_spans_and_rows(plan))
     out = [f"# 3. Rematerialize with `{wrap}`, where fn is:"]
-    inside = []
+    inside, nested = [], _scan_policies_apart(plan)
+
+    def own(part) -> str:
+        kept = ", ".join(repr(names[v]) for v in sorted(part.saved) if v in names)
+        return f", policy=jax.checkpoint_policies.save_only_these_names({kept})" if nested else ""
     for r in plan.regions:
         row = rows.get((r.start, r.stop))
         if row is not None:
-            out.append(f"#    {row.layers}: {row.where}")
+            out.append(f"#    {row.layers}: {row.where}" + (own(r) if not r.offloaded else ""))
             continue
         over = [row for (a, b), row in rows.items() if a < r.stop and r.start < b]
         where = ", ".join(dict.fromkeys(row.layers for row in over)) or "code outside the layers"
-        out.append(f"#    part of {where}: equations [{r.start}, {r.stop})")
+        out.append(f"#    part of {where}: equations [{r.start}, {r.stop})" + (own(r) if not r.offloaded else ""))
         inside.append(r)
-    nested = any("/" in s.op for s in plan.scans)
     for s in plan.scans:
         top = int(s.op.split("/")[0][1:])  # a scan in a scan's body: the top-level scan's equation
         row = rows.get((top, top + 1))
         over = row.layers + ": " + row.where if row else s.op.split("/")[0]
         what = "the scan over" if "/" not in s.op else f"the scan ({s.op}) inside the body of the scan over"
-        own = (f", policy=jax.checkpoint_policies.save_only_these_names("
-               f"{', '.join(repr(names[v]) for v in sorted(s.saved) if v in names)})" if nested else "")
         out.append(f"#    the body of {what} {over}: "
-                   f"jax.lax.scan(fn, ...)" + (f", prevent_cse={s.prevent_cse}" if not s.prevent_cse else "") + own)
+                   f"jax.lax.scan(fn, ...)" + (f", prevent_cse={s.prevent_cse}" if not s.prevent_cse else "")
+                   + (own(s) if not s.offloaded else ""))
     if inside:
         out.append(f"# {len(inside)} of these regions start or end inside a layer, which a per-layer wrapper "
                    f"cannot write; autoremat.apply(loss, plan) runs the plan exactly.")
     return out
+
+
+def _scan_policies_apart(plan: Plan) -> bool:
+    """Whether a scan's body is checkpointed inside another checkpoint (a scan in a scan's body,
+    or a scan inside a region): then each names only what it keeps, as JAX keeps what an inner
+    checkpoint saves through the outer one."""
+    return any("/" in s.op or any(r.start <= int(s.op[1:]) < r.stop for r in plan.regions) for s in plan.scans)
 
 
 def _budget_words(plan: Plan) -> str:

@@ -39,7 +39,10 @@ from autoremat.solver._recompute import OFFLOAD_OVERLAP
 from autoremat.solver._region_options import DEFAULT_CAPS, _block_data, _BlockData, _region_recompute
 from autoremat.solver._scan_options import _scan_options
 
-__all__ = ["ChainModel", "build_chain_model"]
+__all__ = ["AROUND", "ChainModel", "build_chain_model"]
+
+# The option names of a region around a scan block (`_Regions.around_scan`): AROUND + the scan's.
+AROUND = "ckpt:around:"
 
 
 @dataclass
@@ -105,6 +108,7 @@ class ChainModel:
         policy applied per layer).  Returns None if some region lacks that option.
         """
         segs, i, nb = [], 0, self.problem.n_blocks
+        around = kind.startswith(AROUND)  # regions go on over scan blocks
         while i < nb:
             if self.blocks[i].kind == "scan":
                 j, want = i + 1, kind  # `_option` gives a scan block its scan kind
@@ -115,7 +119,7 @@ class ChainModel:
             else:
                 j = i + 1
                 end = offset if i < offset else i + size
-                while j < min(nb, end) and self.blocks[j].kind != "scan" and self.blocks[j].heavy:
+                while j < min(nb, end) and (around or self.blocks[j].kind != "scan" and self.blocks[j].heavy):
                     j += 1
                 want = kind
             opt = self._option(i, j, want)
@@ -128,6 +132,9 @@ class ChainModel:
     def _option(self, i: int, j: int, name: str) -> Option | None:
         """The option called `name` of the region over blocks `[i, j)`, scan blocks' own kind
         (`ckpt:...` -> `scan:...`) where `[i, j)` is one scan block; None if there is none."""
+        if name.startswith(AROUND) and (j == i + 1 or not any(b.kind == "scan" for b in self.blocks[i:j])):
+            # a scan alone: its option; no scan in it: the same kind as a plain region
+            name = name[len(AROUND):] if self.blocks[i].kind == "scan" else name[len(AROUND):].replace("scan:", "ckpt:", 1)
         if j == i + 1 and self.blocks[i].kind == "scan" and name.startswith("ckpt:"):
             name = name.replace("ckpt:", "scan:", 1)
         return next((o for o in self.raw_options.get((i, j), ()) if o.name == name), None)
@@ -138,8 +145,9 @@ class ChainModel:
         it; a scan block gets the scan option of the same kind, blocks outside every span are
         left alone.
         This is a policy per layer written by hand, in the model's terms (its regions start and
-        stop on the block boundaries nearest the layer's).  None if some region lacks that
-        option."""
+        stop on the block boundaries nearest the layer's); with an AROUND kind, one region over
+        the layer with its scans inside under the scan option the kind names (`_hand.Nested`).
+        None if some region lacks that option."""
         def span_of(b: Block):
             return next((k for k, (lo, hi) in enumerate(spans) if lo <= b.start < hi), None)
 
@@ -148,7 +156,8 @@ class ChainModel:
         while i < nb:
             k, j = span_of(self.blocks[i]), i + 1
             if k is not None and self.blocks[i].kind != "scan":
-                while j < nb and span_of(self.blocks[j]) == k and self.blocks[j].kind != "scan":
+                around = kinds[k].startswith(AROUND)  # one region over the layer, its scans inside
+                while j < nb and span_of(self.blocks[j]) == k and (around or self.blocks[j].kind != "scan"):
                     j += 1
             opt = self._option(i, j, "none" if k is None else kinds[k])
             if opt is None:
@@ -185,13 +194,12 @@ def build_chain_model(g: Graph, *, offload: bool = True, max_region_blocks: int 
     if max_region_blocks is None:
         max_region_blocks = max(1, min(nb, max(8, int(2 * math.sqrt(nb)) + 2)))
     raw_options: dict[tuple[int, int], tuple[Option, ...]] = {}
-    regions = _Regions(g, blocks, data, none_scale, offload, cache)
-    for i in range(nb):
-        if blocks[i].kind == "scan":
-            raw_options[(i, i + 1)] = _scan_options(g, blocks[i], data[i], cross, caps, region_method,
-                                                    region_time_limit, offload, g.profile.host_bandwidth, none_scale)
-        else:
-            raw_options.update(regions.starting_at(i, max_region_blocks))
+    for i in (i for i in range(nb) if blocks[i].kind == "scan"):
+        raw_options[(i, i + 1)] = _scan_options(g, blocks[i], data[i], cross, caps, region_method,
+                                                region_time_limit, offload, g.profile.host_bandwidth, none_scale)
+    regions = _Regions(g, blocks, data, none_scale, offload, cache, raw_options)
+    for i in (i for i in range(nb) if blocks[i].kind != "scan"):
+        raw_options.update(regions.starting_at(i, max_region_blocks))
     options = {k: _dedupe(list(v)) for k, v in raw_options.items()}
     # Gradient buffers.  XLA's buffer assignment lets activations use the memory of a
     # gradient output until that gradient is written, which happens in the backward pass of
@@ -233,8 +241,9 @@ class _Regions:
     """The options of ordinary (non-scan) regions: left alone, or checkpointed with each of
     the first block's saved-set kinds (and offloaded, where offload is on)."""
 
-    def __init__(self, g: Graph, blocks, data, none_scale: float, offload: bool, cache: dict):
+    def __init__(self, g: Graph, blocks, data, none_scale: float, offload: bool, cache: dict, scans: dict):
         self.g, self.blocks, self.data = g, blocks, data
+        self.scans = scans  # (i, i + 1) -> the options of scan block i
         self.none_scale, self.offload = none_scale, offload
         self.cache = cache  # the build's block cache: checkpointed options do not move with none_scale
         self.profile = _BackwardProfile(g)
@@ -244,14 +253,57 @@ class _Regions:
         return sum(self.g.values[v].nbytes for v in vs)
 
     def starting_at(self, i: int, max_region_blocks: int) -> dict:
-        """(i, j) -> options, for every region from block i up to the next scan block."""
-        out, span = {}, _Span()
+        """(i, j) -> options, for every region from block i up to the next scan block, and on
+        over it to the one after (`around_scan`)."""
+        out, span, scan = {}, _Span(), None
         for j in range(i + 1, min(len(self.blocks), i + max_region_blocks) + 1):
             if self.blocks[j - 1].kind == "scan":
-                break
+                if scan is not None:
+                    break
+                scan = j - 1
             span.add(self.data[j - 1])
-            out[(i, j)] = tuple([self.left_alone(i, j, span)] + self.checkpointed_once(i, j, span))
+            if scan is None:
+                out[(i, j)] = tuple([self.left_alone(i, j, span)] + self.checkpointed_once(i, j, span))
+            elif j > scan + 1:
+                out[(i, j)] = self.around_scan(i, j, scan, span)
         return out
+
+    def around_scan(self, i: int, j: int, s: int, span: _Span) -> tuple[Option, ...]:
+        """A region over blocks [i, j) that holds scan block `s` (and begins before it): one
+        checkpoint, the scan inside it run under one of its own options (a checkpoint in the
+        checkpoint), as a person writes `jax.checkpoint` around an RNN layer whose cell is
+        checkpointed too.  JAX keeps the inner checkpoint's residuals from the forward pass
+        through the outer one: on the unrolled stacked LSTM (benchmarks/_unseen.py `lstm`, 4
+        layers), `nothing_saveable` on each layer and on its cell compiles to 8.63 GiB, and with
+        `dots_saveable` on the cell to 10.63, the 4 x 512 MiB of its stacked matmul outputs
+        more; XLA's live ranges hold each layer's stacked carries and scanned input at the peak.
+        So the region stores its inputs and what the scan's option stores; its backward re-runs
+        its forward (the scan's too), goes back through the blocks after the scan (the scan's
+        stacks and the blocks before it live), the scan, and the blocks before it.  Nothing
+        inside stored between the blocks: on that LSTM the plan of `nothing_saveable` on each
+        layer and its cell compiled to 8.07 GiB (the head recomputed), where the same options
+        cut at the scan compiled to 12.50 and the lowest plan without this option to 12.38."""
+        pre = self.left_alone(i, s, self._span(i, s)) if s > i else None
+        post = self.left_alone(s + 1, j, self._span(s + 1, j)) if j > s + 1 else None
+        pre_s, pre_b = (pre.stored_bytes, pre.backward_bytes) if pre else (0, 0)
+        post_b = post.backward_bytes if post else 0
+        in_b = self.nbytes(span.inputs)
+        rtime, rflops = _region_recompute(self.g, self.blocks, self.data, i, j, 0, self.closure_cache)
+        out = []
+        for o in self.scans[(s, s + 1)]:
+            p = o.payload or {}
+            if p.get("kind") != "scan" or p.get("offloaded"):
+                continue
+            live = in_b + max(pre_s + o.stored_bytes + post_b, pre_s + o.backward_bytes, pre_b)
+            out.append(Option(f"{AROUND}{o.name}", in_b + o.stored_bytes, live, rtime + o.extra_time, rflops + o.recompute_flops,
+                              0, {"kind": "region", "saved": frozenset(), "scan": p}))
+        return tuple(out)
+
+    def _span(self, i: int, j: int) -> _Span:
+        span = _Span()
+        for k in range(i, j):
+            span.add(self.data[k])
+        return span
 
     def checkpointed_once(self, i: int, j: int, span: _Span) -> list[Option]:
         """`checkpointed`, once per block ranges over the builds that share the block cache

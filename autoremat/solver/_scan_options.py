@@ -66,6 +66,11 @@ def _scan_options(g, b, d, cross, caps, method, time_limit, offload, host_bw, no
     # (The scanned-over slices are forwarded from the stacked inputs by JAX, not copied.)
     del xs_ids
     per_iter_in = sum(body.values[v].nbytes for v in carry_ids)
+    # A checkpointed body re-runs on the scan's operands, so those made by the step (an RNN's
+    # input projection for every time step; not a scan over layers' weights) stay until its
+    # backward, whether or not JAX's own residuals of the body read them.
+    operands = sum(g.values[v].nbytes for v in dict.fromkeys(op.inputs[:nconst] + op.inputs[nconst + ncar:])
+                   if g.values[v].producer is not None)
     # While one iteration's backward runs, its recomputed residuals are live.  Inside a
     # loop body XLA keeps more than the fusion-aware set (measured on the scan transformer,
     # nothing saved: fusion-aware 43.6 MiB predicted vs 50.8 compiled; JAX's full list
@@ -97,7 +102,7 @@ def _scan_options(g, b, d, cross, caps, method, time_limit, offload, host_bw, no
         rt = length * math.fsum(body_rt[o] for o in R)  # R is a set: fsum is independent of its order
         rf = length * math.fsum(body.ops[o].cost.flops for o in R)
         s_b = sum(body.values[v].nbytes for v in saved)
-        stored = length * (per_iter_in + s_b)
+        stored = length * (per_iter_in + s_b) + operands
         # The iteration's saved values are part of `stored` already; the rest of what its
         # backward reads is re-run and live (chains re-run are kept whole).
         rerun, rerun_extra = stored_residuals(body, body_ops, kept)
@@ -107,7 +112,8 @@ def _scan_options(g, b, d, cross, caps, method, time_limit, offload, host_bw, no
                            {"kind": "scan", "op": op.id, "saved": saved}))
         if offload and s_b:
             exposed = max(0.0, 2 * length * s_b / host_bw - OFFLOAD_OVERLAP * 3 * length * body_time)
-            opts.append(Option(f"scan:{name}+offload", length * per_iter_in, length * per_iter_in + s_b + iteration,
+            opts.append(Option(f"scan:{name}+offload", length * per_iter_in + operands,
+                               length * per_iter_in + operands + s_b + iteration,
                                rt + exposed, rf,
                                length * s_b, {"kind": "scan", "op": op.id, "saved": frozenset(),
                                               "offloaded": saved}))
