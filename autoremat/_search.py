@@ -1180,10 +1180,13 @@ def _uniform_candidates(model: ChainModel) -> list[_Candidate]:
 
 def _kind_of(option) -> str | None:
     """The chain model's option kind of a hand-written per-layer option (JAX's policy by name,
-    None: no remat, `Nested`: the policy on the layer and on its scans' bodies); None for others."""
+    None: no remat, `Nested`: the policy on the layer and on its scans' bodies); None for others.
+    A region around a scan saves nothing outside the scan (`_Regions.around_scan`), so of the
+    nested policies only `nothing_saveable`'s has a twin: taking `AROUND + scan:save:dots` for
+    `dots_saveable` on the layers and cells of the Mamba-2-style decoder (benchmarks/unseen.py
+    `ssd`, at d0dba34) expected 6.85 GiB of a plan that compiled to 15.93."""
     if isinstance(option, Nested):
-        kind = POLICY_KIND_OF.get(option.policy)
-        return None if kind is None else AROUND + kind.replace("ckpt:", "scan:", 1)
+        return AROUND + "scan:recompute" if option.policy == HAND_POLICIES[0] else None
     return "none" if option is None else POLICY_KIND_OF.get(option) if isinstance(option, str) else None
 
 

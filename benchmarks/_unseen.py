@@ -62,6 +62,10 @@ description, layers), as `_thirdparty.py`'s do.
   policies on each layer's cell, as recurrent networks are checkpointed per step (flax's
   `nn.remat` of a cell); its layers unrolled, or in a scan over layers (`lstm_scan`: a scan over
   time in a scan over layers, the policies still on the cell).
+* `gnn`: a MeshGraphNet-style graph network on a batch of graphs: per message-passing layer each
+  edge's MLP on (edge, sender, receiver), the nodes gathered onto the edges, then each node's MLP on
+  (node, the sum of its incoming edges), scattered back with `segment_sum`; its layers unrolled, or
+  in a scan over layers closing over the graphs' indices (`gnn_scan`).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 import contextlib
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -26,3 +27,12 @@ def remat3_flag(value: bool):
         yield
     finally:
         jax.config.update("jax_remat3", old)
+
+
+def lstm_cell(carry, x, u):
+    """One LSTM step on the carry (h, c) and the step's input projection `x` (the tests' RNNs)."""
+    h, c = carry
+    i, f, g, o = jnp.split(x + h @ u, 4, -1)
+    c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+    h = jax.nn.sigmoid(o) * jnp.tanh(c)
+    return (h, c), h

@@ -23,23 +23,15 @@ from autoremat.graph._trace import describe_eqn, trace
 from autoremat.runtime import Plan, ScanPlan, apply, compiled_stats
 from autoremat.runtime._export import plan_to_python
 from autoremat.solver._chain_model import build_chain_model
-from _helpers import assert_trees_close, remat3_flag
+from _helpers import assert_trees_close, lstm_cell, remat3_flag
 
 L, B, S, D = 3, 8, 48, 32  # the inner scan's stacked values dominate the step, as at scale
-
-
-def _cell(carry, x, u):
-    h, c = carry
-    i, f, g, o = jnp.split(x + h @ u, 4, -1)
-    c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
-    h = jax.nn.sigmoid(o) * jnp.tanh(c)
-    return (h, c), h
 
 
 def _layer(h, p):
     xs = (jnp.tanh(h) @ p["w"]).swapaxes(0, 1)
     init = (jnp.zeros_like(h[:, 0]), jnp.zeros_like(h[:, 0]))  # varying like h inside a shard_map
-    _, ys = jax.lax.scan(functools.partial(_cell, u=p["u"]), init, xs)
+    _, ys = jax.lax.scan(functools.partial(lstm_cell, u=p["u"]), init, xs)
     return h + ys.swapaxes(0, 1)
 
 

@@ -24,23 +24,15 @@ from autoremat.graph._trace import trace
 from autoremat.runtime import apply, compiled_stats
 from autoremat.runtime._export import plan_to_python
 from autoremat.solver._chain_model import AROUND, build_chain_model
-from _helpers import assert_trees_close, remat3_flag
+from _helpers import assert_trees_close, lstm_cell, remat3_flag
 
 L, B, S, D = 3, 8, 48, 32  # the scans' stacked values dominate the step, as at scale
 cp = jax.checkpoint_policies
 
 
-def _cell(carry, x, u):
-    h, c = carry
-    i, f, g, o = jnp.split(x + h @ u, 4, -1)
-    c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
-    h = jax.nn.sigmoid(o) * jnp.tanh(c)
-    return (h, c), h
-
-
 def _layer(h, p, cell_policy=None):
     xs = (jnp.tanh(h) @ p["w"]).swapaxes(0, 1)
-    cell = functools.partial(_cell, u=p["u"])
+    cell = functools.partial(lstm_cell, u=p["u"])
     if cell_policy is not None:
         cell = jax.checkpoint(cell, policy=cell_policy)
     _, ys = jax.lax.scan(cell, (jnp.zeros_like(h[:, 0]), jnp.zeros_like(h[:, 0])), xs)

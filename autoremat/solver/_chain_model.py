@@ -9,6 +9,8 @@ The model (docs/FINDINGS.md; the parts live in `_blocks`, `_peak_model`, `_recom
 * **Regions.**  A region covers blocks `[i, j)` and is either left alone (JAX saves what its
   linearization needs) or becomes one `jax.checkpoint` whose inputs are saved by
   construction and whose interior keeps only a saved set `S` (device) or an offloaded set.
+  A checkpointed region may hold one scan block, the scan checkpointed inside it under one of
+  its own options (`_Regions.around_scan`: a recurrent layer and its cell).
 * **Peak.**  Backward runs regions in reverse; while region `k` runs backward, live memory
   is: arguments + gradients + outputs (`base`), what earlier regions stored, region `k`'s
   full residuals (recomputed), and the cotangent at its output boundary.  This is
