@@ -195,13 +195,16 @@ def build_chain_model(g: Graph, *, offload: bool = True, max_region_blocks: int 
     nb = len(blocks)
     if max_region_blocks is None:
         max_region_blocks = max(1, min(nb, max(8, int(2 * math.sqrt(nb)) + 2)))
+    scans = {(i, i + 1): _scan_options(g, blocks[i], data[i], cross, caps, region_method, region_time_limit,
+                                       offload, g.profile.host_bandwidth, none_scale)
+             for i in range(nb) if blocks[i].kind == "scan"}
+    regions = _Regions(g, blocks, data, none_scale, offload, cache, scans)
     raw_options: dict[tuple[int, int], tuple[Option, ...]] = {}
-    for i in (i for i in range(nb) if blocks[i].kind == "scan"):
-        raw_options[(i, i + 1)] = _scan_options(g, blocks[i], data[i], cross, caps, region_method,
-                                                region_time_limit, offload, g.profile.host_bandwidth, none_scale)
-    regions = _Regions(g, blocks, data, none_scale, offload, cache, raw_options)
-    for i in (i for i in range(nb) if blocks[i].kind != "scan"):
-        raw_options.update(regions.starting_at(i, max_region_blocks))
+    for i in range(nb):  # in block order: the option kinds' order names the uniform plans
+        if blocks[i].kind == "scan":
+            raw_options[(i, i + 1)] = scans[(i, i + 1)]
+        else:
+            raw_options.update(regions.starting_at(i, max_region_blocks))
     options = {k: _dedupe(list(v)) for k, v in raw_options.items()}
     # Gradient buffers.  XLA's buffer assignment lets activations use the memory of a
     # gradient output until that gradient is written, which happens in the backward pass of
@@ -266,8 +269,8 @@ class _Regions:
             span.add(self.data[j - 1])
             if scan is None:
                 out[(i, j)] = tuple([self.left_alone(i, j, span)] + self.checkpointed_once(i, j, span))
-            elif j > scan + 1:
-                out[(i, j)] = self.around_scan(i, j, scan, span)
+            elif j > scan + 1 and (around := self.around_scan(i, j, scan, span)):
+                out[(i, j)] = around
         return out
 
     def around_scan(self, i: int, j: int, s: int, span: _Span) -> tuple[Option, ...]:
@@ -284,7 +287,12 @@ class _Regions:
         stacks and the blocks before it live), the scan, and the blocks before it.  Nothing
         inside stored between the blocks: on that LSTM the plan of `nothing_saveable` on each
         layer and its cell compiled to 8.07 GiB (the head recomputed), where the same options
-        cut at the scan compiled to 12.50 and the lowest plan without this option to 12.38."""
+        cut at the scan compiled to 12.50 and the lowest plan without this option to 12.38.
+        Only around a scan over operands the step makes (an RNN's projected inputs): around a
+        scan over layers' weights the region would keep only its own input in place of the
+        scan's, for the forward of the blocks around it re-run."""
+        if not _made_operands(self.g, self.blocks[s]):
+            return ()
         pre = self.left_alone(i, s, self._span(i, s)) if s > i else None
         post = self.left_alone(s + 1, j, self._span(s + 1, j)) if j > s + 1 else None
         pre_s, pre_b = (pre.stored_bytes, pre.backward_bytes) if pre else (0, 0)
@@ -350,6 +358,13 @@ class _Regions:
                 opts.append(Option(f"ckpt:{name}+offload", in_b, live_bwd, rtime + exposed, rflops, s_b,
                                    {"kind": "region", "saved": frozenset(), "offloaded": frozenset(saved)}))
         return opts
+
+
+def _made_operands(g: Graph, b: Block) -> bool:
+    """Whether scan block `b` scans over (or closes over) values the step makes."""
+    op = g.ops[b.ops[0]]
+    nc, ncar = int(op.params.get("num_consts", 0)), int(op.params.get("num_carry", 0))
+    return any(g.values[v].producer is not None for v in op.inputs[:nc] + op.inputs[nc + ncar:])
 
 
 def _gradient_bytes_from(g: Graph, blocks: Sequence[Block]) -> list[int]:
