@@ -137,8 +137,10 @@ def sharded(layout: str, params, *inputs, generic: bool = False):
         stacked = len(path) == 2 and path[0].key == "layers"
         return NamedSharding(mesh, _spec(path[-1].key, x.ndim, stacked, layout == "fsdp_tp"))
 
-    # a scalar input (the dropout decoders' PRNG key) is whole on every device
-    batch = [NamedSharding(mesh, P("data", *(None,) * (x.ndim - 1)) if x.ndim else P()) for x in inputs]
+    # a scalar input (the dropout decoders' PRNG key) is whole on every device; an input may be a
+    # dict of batched arrays (the graph network's graphs)
+    batch = [jax.tree.map(lambda x: NamedSharding(mesh, P("data", *(None,) * (x.ndim - 1)) if x.ndim else P()), inp)
+             for inp in inputs]
     shardings = (jax.tree_util.tree_map_with_path(one, params), *batch)
     args = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), (params, *inputs), shardings)
     return args, shardings
