@@ -39,7 +39,7 @@ from autoremat.solver._blocks import Block, crossing_bytes, find_blocks
 from autoremat.solver._peak_model import _BackwardProfile
 from autoremat.solver._recompute import OFFLOAD_OVERLAP
 from autoremat.solver._region_options import DEFAULT_CAPS, _block_data, _BlockData, _region_recompute
-from autoremat.solver._scan_options import _scan_options
+from autoremat.solver._scan_options import _scan_options, made_operand_bytes
 
 __all__ = ["AROUND", "ChainModel", "build_chain_model"]
 
@@ -291,7 +291,7 @@ class _Regions:
         Only around a scan over operands the step makes (an RNN's projected inputs): around a
         scan over layers' weights the region would keep only its own input in place of the
         scan's, for the forward of the blocks around it re-run."""
-        if not _made_operands(self.g, self.blocks[s]):
+        if not made_operand_bytes(self.g, self.g.ops[self.blocks[s].ops[0]]):
             return ()
         pre = self.left_alone(i, s, self._span(i, s)) if s > i else None
         post = self.left_alone(s + 1, j, self._span(s + 1, j)) if j > s + 1 else None
@@ -358,13 +358,6 @@ class _Regions:
                 opts.append(Option(f"ckpt:{name}+offload", in_b, live_bwd, rtime + exposed, rflops, s_b,
                                    {"kind": "region", "saved": frozenset(), "offloaded": frozenset(saved)}))
         return opts
-
-
-def _made_operands(g: Graph, b: Block) -> bool:
-    """Whether scan block `b` scans over (or closes over) values the step makes."""
-    op = g.ops[b.ops[0]]
-    nc, ncar = int(op.params.get("num_consts", 0)), int(op.params.get("num_carry", 0))
-    return any(g.values[v].producer is not None for v in op.inputs[:nc] + op.inputs[nc + ncar:])
 
 
 def _gradient_bytes_from(g: Graph, blocks: Sequence[Block]) -> list[int]:
