@@ -820,15 +820,10 @@ class HandSearch:
         return [self.choice[lean](i) for i in range(n - k)] + [self.choice[fast](i) for i in range(n - k, n)]
 
 
-def _nests(plan: Plan) -> bool:
-    """Whether a hand-written plan puts its policy on the scans inside its layers (`Nested`)."""
-    return any("/" not in s.op and any(r.start <= int(s.op[1:]) < r.stop for r in plan.regions) for s in plan.scans)
-
-
 def as_written(pol, plan: Plan):
     """The per-layer option `pol` as `plan`, its hand-written plan on every layer, writes it:
     `Nested(pol)` where it puts `pol` on the scans inside the layers too."""
-    return Nested(pol) if isinstance(pol, str) and isinstance(plan, Plan) and _nests(plan) else pol
+    return Nested(pol) if isinstance(pol, str) and isinstance(plan, Plan) and plan.scans_in_regions() else pol
 
 
 def _certain(order: Sequence[tuple], i: int) -> list:

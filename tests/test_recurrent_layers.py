@@ -119,7 +119,7 @@ def test_hand_written_policies_on_the_layers_and_their_cells():
     labels = [label for _, label, _ in _hand.uniform_plans(g, layers)]
     assert "nothing_saveable per layer and on the scans in it" in labels
     plan = _hand.layer_plan(g, layers, [_hand.Nested("dots_saveable")] * len(layers))
-    assert _hand._nests(plan) and len(plan.scans) == L
+    assert plan.scans_in_regions() and len(plan.scans) == L
     hand = _peak(functools.partial(loss, policy=cp.dots_saveable, cell_policy=cp.dots_saveable))
     assert abs(_peak(apply(loss, plan)) - hand) <= 1024
     code = plan_to_python(plan)

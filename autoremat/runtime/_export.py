@@ -223,7 +223,7 @@ def _scan_policies_apart(plan: Plan) -> bool:
     """Whether a scan's body is checkpointed inside another checkpoint (a scan in a scan's body,
     or a scan inside a region): then each names only what it keeps, as JAX keeps what an inner
     checkpoint saves through the outer one."""
-    return any("/" in s.op or any(r.start <= int(s.op[1:]) < r.stop for r in plan.regions) for s in plan.scans)
+    return any("/" in s.op for s in plan.scans) or plan.scans_in_regions()
 
 
 def _budget_words(plan: Plan) -> str:

@@ -202,6 +202,12 @@ class Plan:
         """Every region, nested ones after their parent."""
         return _walk(self.regions)
 
+    def scans_in_regions(self) -> bool:
+        """Whether a top-level scan's body plan lies inside one of the regions (a checkpoint in a
+        checkpoint: a recurrent layer and its cell)."""
+        return any("/" not in s.op and any(r.start <= int(s.op[1:]) < r.stop for r in self.regions)
+                   for s in self.scans)
+
     def names(self) -> tuple[list[str], list[str]]:
         """(saved names, offloaded names) over all regions and scan bodies."""
         saved, off = set(), set()
