@@ -66,6 +66,12 @@ description, layers), as `_thirdparty.py`'s do.
   edge's MLP on (edge, sender, receiver), the nodes gathered onto the edges, then each node's MLP on
   (node, the sum of its incoming edges), scattered back with `segment_sum`; its layers unrolled, or
   in a scan over layers closing over the graphs' indices (`gnn_scan`).
+* `griffin`: a Griffin-style hybrid (RecurrentGemma's architecture): groups of two recurrent
+  blocks (a temporal conv, then the RG-LRU, whose gates are block-diagonal per-head einsums and
+  whose recurrence is a float32 `lax.associative_scan` over time) and one local multi-query
+  attention block, each block followed by a GeGLU MLP; its 12 blocks unrolled, each under its
+  own hand-written policy, or its 4 groups in a scan over the groups, the policy on the body
+  (`griffin_scan`).
 """
 
 from __future__ import annotations
@@ -1106,6 +1112,122 @@ def _gnn_desc(how: str) -> str:
             f"{d['D']}, MLP {d['F']}, {d['N']} nodes and {d['E']} edges a graph, batch {d['B']}, bf16")
 
 
+# -- a Griffin-style hybrid: RG-LRU recurrences by associative scan, local attention -----------
+GRIFFIN = dict(G=4, D=2048, R=2048, H=8, HD=256, F=6144, W=1024, K=4, V=32000, S=2048, B=4)
+
+
+def _rglru(x, p):
+    """Griffin's Real-Gated Linear Recurrent Unit on [B, S, R]: input and recurrence gates from
+    block-diagonal per-head weights (einsums with a head batch dimension), the recurrence
+    h_t = a_t h_{t-1} + sqrt(1 - a_t^2) (i_t x_t) in float32 by `lax.associative_scan` over time."""
+    d = GRIFFIN
+    B, S, R = x.shape
+    xh = x.reshape(B, S, d["H"], R // d["H"])
+
+    def gate(w):
+        return jax.nn.sigmoid(jnp.einsum("bshi,hij->bshj", xh, w).reshape(B, S, R).astype(jnp.float32))
+    log_a = -8.0 * gate(p["gate_a"]) * jax.nn.softplus(p["a_param"])
+    u = x.astype(jnp.float32) * gate(p["gate_x"]) * jnp.sqrt(1 - jnp.exp(2 * log_a))
+
+    def combine(l, r):
+        return l[0] * r[0], r[0] * l[1] + r[1]
+    _, h = jax.lax.associative_scan(combine, (jnp.exp(log_a), u), axis=1)
+    return h.astype(bf)
+
+
+def _griffin_mlp(h, p):
+    x = _rms(h)
+    return h + (jax.nn.gelu(x @ p["w_gate"]) * (x @ p["w_up"])) @ p["w_down"]
+
+
+def _griffin_recurrent(h, p):
+    """A recurrent residual block (a GeLU branch times the conv-then-RG-LRU branch), then the MLP."""
+    d, S = GRIFFIN, h.shape[1]
+    x = _rms(h)
+    y = jax.nn.gelu(x @ p["w_y"])
+    pad = jnp.pad(x @ p["w_x"], ((0, 0), (d["K"] - 1, 0), (0, 0)))
+    c = sum(pad[:, k:k + S] * p["conv"][k] for k in range(d["K"])) + p["conv_b"]
+    return _griffin_mlp(h + (_rglru(c, p) * y) @ p["w_o"], p)
+
+
+def _griffin_attention(h, p):
+    """A local (sliding-window) multi-query attention block, then the MLP."""
+    d = GRIFFIN
+    B, S, D = h.shape
+    x = _rms(h)
+    q = (x @ p["wq"]).reshape(B, S, D // d["HD"], d["HD"])
+    k, v = x @ p["wk"], x @ p["wv"]  # one key/value head
+    s = jnp.einsum("bqhd,bkd->bhqk", q, k) / jnp.sqrt(jnp.asarray(d["HD"], bf))
+    i = jnp.arange(S)
+    near = (i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < d["W"])
+    s = jnp.where(near, s, jnp.asarray(-1e4, bf))
+    o = jnp.einsum("bhqk,bkd->bqhd", jax.nn.softmax(s.astype(jnp.float32), -1).astype(bf), v)
+    return _griffin_mlp(h + o.reshape(B, S, D) @ p["wo"], p)
+
+
+def _griffin_params(kind: str, lead: tuple = ()) -> dict:
+    d = GRIFFIN
+    D, R, F, Hd = d["D"], d["R"], d["F"], d["R"] // d["H"]
+    out = {"w_gate": (D, F), "w_up": (D, F), "w_down": (F, D)}
+    if kind == "attention":
+        out.update(wq=(D, D), wk=(D, d["HD"]), wv=(D, d["HD"]), wo=(D, D))
+    else:
+        out.update(w_y=(D, R), w_x=(D, R), conv=(d["K"], R), conv_b=(R,), gate_x=(d["H"], Hd, Hd),
+                   gate_a=(d["H"], Hd, Hd), w_o=(R, D))
+    params = {k: sd((*lead, *s), bf) for k, s in out.items()}
+    if kind != "attention":
+        params["a_param"] = sd((*lead, R), jnp.float32)
+    return params
+
+
+_GRIFFIN_GROUP = (("rec1", _griffin_recurrent), ("rec2", _griffin_recurrent), ("attn", _griffin_attention))
+
+
+def _griffin_args(lead: tuple = ()) -> tuple:
+    """(params, tokens); the layers as (recurrent, recurrent, attention) groups, a list of each
+    layer's weights or, with `lead`, one stacked group."""
+    d = GRIFFIN
+    group = lambda: {k: _griffin_params("attention" if k == "attn" else "recurrent", lead) for k, _ in _GRIFFIN_GROUP}
+    layers = group() if lead else [group()[k] for _ in range(d["G"]) for k, _ in _GRIFFIN_GROUP]
+    params = {"embed": sd((d["V"], d["D"]), bf), "layers": layers, "head": sd((d["D"], d["V"]), bf)}
+    return params, sd((d["B"], d["S"]), jnp.int32)
+
+
+def griffin(policies=None, prevent_cse=True):
+    n = 3 * GRIFFIN["G"]
+    pols = list(policies) if policies is not None else [None] * n
+    blocks = [fn for _ in range(GRIFFIN["G"]) for _, fn in _GRIFFIN_GROUP]
+
+    def loss(params, tokens):
+        h = params["embed"][tokens]
+        for block, p, pol in zip(blocks, params["layers"], pols):
+            h = _wrap(block, pol, prevent_cse)(h, p)
+        return _xent(_rms(h) @ params["head"], tokens)
+    return loss, _griffin_args(), _griffin_desc(f"{n} layers unrolled"), n
+
+
+def griffin_scan(policies=None, prevent_cse=True):
+    pol = (policies or [None])[0]
+
+    def group(h, p):
+        for k, fn in _GRIFFIN_GROUP:
+            h = fn(h, p[k])
+        return h, None
+
+    def loss(params, tokens):
+        h, _ = jax.lax.scan(_wrap(group, pol, prevent_cse), params["embed"][tokens], params["layers"])
+        return _xent(_rms(h) @ params["head"], tokens)
+    return loss, _griffin_args((GRIFFIN["G"],)), _griffin_desc("a scan over the groups"), GRIFFIN["G"]
+
+
+def _griffin_desc(how: str) -> str:
+    d = GRIFFIN
+    return (f"Griffin-style hybrid ({d['G']} groups of two RG-LRU recurrent blocks and one local "
+            f"multi-query attention block, {how}; the recurrence a float32 `lax.associative_scan` over "
+            f"time, window {d['W']}): d_model {d['D']}, RG-LRU width {d['R']}, MLP {d['F']}, seq {d['S']}, "
+            f"batch {d['B']}, bf16")
+
+
 BUILDERS = {"moe": moe, "unet": unet, "encdec": encdec, "vit_nnx": vit_nnx, "alternating": alternating,
             "penzai": penzai, "penzai_scan": penzai_scan, "nnx_scan": nnx_scan, "equinox_scan": equinox_scan,
             "ssd": ssd, "ssd_scan": ssd_scan, "vjp_attention": vjp_attention,
@@ -1113,4 +1235,4 @@ BUILDERS = {"moe": moe, "unet": unet, "encdec": encdec, "vit_nnx": vit_nnx, "alt
             "mixed": mixed, "mixed_scan": mixed_scan, "dropout": dropout, "dropout_scan": dropout_scan,
             "sdepth": sdepth, "sdepth_scan": sdepth_scan, "lora": lora, "lora_scan": lora_scan,
             "shared": shared, "shared_scan": shared_scan, "lstm": lstm, "lstm_scan": lstm_scan,
-            "gnn": gnn, "gnn_scan": gnn_scan}
+            "gnn": gnn, "gnn_scan": gnn_scan, "griffin": griffin, "griffin_scan": griffin_scan}

@@ -12,12 +12,13 @@ layer holds a scan, unrolled and as a scan over layers, a decoder whose attentio
 mixed precision (float32 weights cast to bfloat16 in each layer), with dropout and with
 stochastic depth (a `lax.cond` per layer), fine-tuned with LoRA (frozen base weights), and with
 one layer's weights shared by every layer (ALBERT's way), a stacked LSTM whose layers are scans over time,
-unrolled and as a scan over layers, and a MeshGraphNet-style graph network (gathers onto the edges,
-scatter-adds onto the nodes);
+unrolled and as a scan over layers, a MeshGraphNet-style graph network (gathers onto the edges,
+scatter-adds onto the nodes), and a Griffin-style hybrid of recurrent blocks (an RG-LRU by
+`lax.associative_scan`) and local attention, two of the one to one of the other;
 compile-only, a few GiB to tens of GiB each.  Each model's table says how many layers
 `graph.find_layers` found against the number the model's author wrote.
 
-    .venv/bin/python benchmarks/unseen.py                 # all twenty-eight (~50 min on 2 cores)
+    .venv/bin/python benchmarks/unseen.py                 # all thirty (~55 min on 2 cores)
     .venv/bin/python benchmarks/unseen.py --models encdec
 """
 

@@ -653,6 +653,54 @@ def test_find_layers_finds_layers_that_differ_only_in_a_constant():
     assert layers[0].key != layers[1].key and [la.key for la in layers] == [layers[0].key, layers[1].key] * 3
 
 
+def test_find_layers_finds_the_blocks_of_a_repeating_group():
+    """A Griffin-style hybrid repeats groups of (recurrent, recurrent, attention) blocks: the
+    tandem repeat is the group, but its author wraps each block, so each group is cut where its
+    recurrent block repeats (on the residual stream): 4 groups give 12 layers of two kinds.
+    A decoder layer's k and v projections (two alike matmuls) repeat too, off the residual
+    stream: a stack of plain attention layers is not cut there.  The run of whole groups
+    starts at the first group's second block (the first reads the function's input) and leaves
+    out the last attention block; both are found, the run read round from its cuts."""
+    import jax
+    import jax.numpy as jnp
+
+    from autoremat.graph import build_graph
+    from autoremat.graph._layers import find_layers
+
+    def recurrent(h, w):
+        a, u = jax.nn.sigmoid(h @ w[0]), jnp.tanh(h @ w[1])
+        _, y = jax.lax.associative_scan(lambda l, r: (l[0] * r[0], r[0] * l[1] + r[1]), (a, u))
+        return h + y @ w[2]
+
+    def attention(h, w):
+        s = jax.nn.softmax((h @ w[0]) @ (h @ w[1]).T)
+        return h + (s @ (h @ w[2])) @ w[3]
+
+    def loss(groups, x):
+        h = x
+        for w in groups:
+            h = attention(recurrent(recurrent(h, w[0:3]), w[3:6]), w[6:10])
+        return jnp.mean(h)
+
+    g = build_graph(loss, [jnp.ones((10, 16, 16)) for _ in range(4)], jnp.ones((8, 16)))
+    ops = list(g.ops.values())
+    layers = find_layers(g)
+    dots = [sum(op.primitive == "dot_general" for op in ops[la.start:la.stop]) for la in layers]
+    assert dots == [3, 3, 6] * 4
+    rec, att = layers[1].key, layers[2].key  # the first block reads the input: a key of its own
+    assert rec != att and [la.key for la in layers[1:]] == ([rec, rec, att] * 4)[1:]
+    assert all(a.stop == b.start for a, b in zip(layers, layers[1:]))
+
+    def plain(ws, x):
+        h = x
+        for w in ws:
+            h = attention(h, w)
+        return jnp.mean(h)
+
+    g = build_graph(plain, [jnp.ones((4, 16, 16)) for _ in range(4)], jnp.ones((8, 16)))
+    assert len(find_layers(g)) == 4
+
+
 def test_find_layers_cuts_where_the_users_modules_do():
     """Where two cuts are crossed by equally few bytes (a block's residual add and the relu after
     it), layers start and end where the name stack changes module, as flax linen's do: each

@@ -12,7 +12,9 @@ measurements (`runtime/_measure.py`) need to know where the layers are and which
   period `P` with `tokens[i] == tokens[i + P]` over a run covering at least two periods.  The
   period covering the most equations wins (the smallest such period, so two layers are not
   taken for one); the search repeats on what is left, so a model with two stacks (an encoder
-  and a decoder) gets both.
+  and a decoder) gets both.  A repeat whose unit holds a shorter block repeating inside it
+  (a hybrid's groups of two recurrent blocks and one attention block) is cut into its blocks
+  where those repeats' cuts lie on the residual stream (`_unit_cuts`), as its author wraps them.
 * **Where a layer starts.**  Within the period, at the cut crossed by the fewest bytes of
   intermediate values: the residual stream between layers (`crossing_bytes`).  Where several
   cuts are crossed by equally few (a block's residual add and the activation after it), at the
@@ -429,9 +431,72 @@ def _find_runs(g, ops, tokens, heavy, order, lo, hi, spans, min_heavy):
         return
     _, p, first, n_layers = best
     first, n_layers = _extend(g, ops, first, p, n_layers, lo, hi)
-    spans.extend((first + k * p, first + (k + 1) * p) for k in range(n_layers))
-    _find_runs(g, ops, tokens, heavy, order, lo, first, spans, min_heavy)
-    _find_runs(g, ops, tokens, heavy, order, first + n_layers * p, hi, spans, min_heavy)
+    cuts = _unit_cuts(tokens, heavy, order, first, p, min_heavy)
+    run = [(first + k * p + a, first + k * p + b) for k in range(n_layers) for a, b in zip(cuts, cuts[1:])]
+    run = _extend_blocks(g, ops, run, len(cuts) - 1, lo, hi)
+    spans.extend(run)
+    _find_runs(g, ops, tokens, heavy, order, lo, run[0][0], spans, min_heavy)
+    _find_runs(g, ops, tokens, heavy, order, run[-1][1], hi, spans, min_heavy)
+
+
+def _extend_blocks(g, ops, run: list, k: int, lo: int, hi: int) -> list:
+    """`run` (each unit cut into `k` blocks) with one more block at either end while it hashes
+    like the block it stands for (`_extend`'s comparison): a group's first block may read the
+    function's input and its last feed the head, so the run of whole groups leaves them out (a
+    hybrid's last attention block, left out, was then cut into 3 layers at its alike q, k and v
+    projections)."""
+    if k == 1:
+        return run
+    run, key = list(run), lambda a, b: _layer_hash(g, ops, a, b, kinds=False)
+    while (a := run[-1][1]) + (n := (m := run[-k])[1] - m[0]) <= hi and key(a, a + n) == key(*m):
+        run.append((a, a + n))
+    while (b := run[0][0]) - (n := (m := run[k - 1])[1] - m[0]) >= lo and key(b - n, b) == key(*m):
+        run.insert(0, (b - n, b))
+    return run
+
+
+def _unit_cuts(tokens, heavy, order, first: int, p: int, min_heavy: int) -> list[int]:
+    """Where a unit of a run of period `p` from `first` splits into the blocks a person wraps one
+    by one: offsets 0..p, at the cuts of the most copies of a shorter block repeating one after
+    another in the unit (read round from any of its cuts: the run may start at a group's second
+    block, the first reading the function's input), the unit's own start among them, each cut
+    crossed by no more bytes than the unit's start (the residual stream), every piece with at
+    least `min_heavy` heavy equations.  The start counts: a block's mixing and MLP halves are cut
+    on the residual stream too, and the copies read from there are as many (without it the
+    hybrid below gave 16 layers, some of them half a block).  A Griffin-style hybrid repeats (recurrent, recurrent, attention) blocks: found
+    as 4 units of 3 where its author wraps each of the 12, and at the 12 blocks' hand-written
+    `dots_with_no_batch_dims_saveable` peak autoremat recomputed +1.28 TFLOP against the
+    policy's +0.69, and nothing_saveable's peak was out of its reach (benchmarks/unseen.py).
+    A repeat inside a layer that is not on the residual stream (its k and v projections, two
+    alike matmuls) is crossed by more and does not split it; nor do a layer's attention and MLP
+    halves, which do not repeat."""
+    t, start = tokens[first:first + p], order[first][0]
+    edges = [c for c in range(p) if order[first + c][0] <= start]  # the unit's residual-stream cuts
+    best = [0, p]
+    for r in edges:
+        turned = np.concatenate([t[r:], t[:r]])  # the unit read from cut r round to it again
+        for q in sorted({(c - r) % p for c in edges} - {0}):
+            m = _copies(turned, q) if q <= p // 2 else 1
+            at = {(r + j * q) % p for j in range(m + 1)}
+            cuts = sorted(at | {p})
+            if m > 1 and 0 in at and len(cuts) > len(best) and _splits(heavy, order, first, cuts, min_heavy):
+                best = cuts
+    return best
+
+
+def _copies(t: np.ndarray, q: int) -> int:
+    """How many copies of `t[:q]` follow one another from the start of `t` (1 if none repeats)."""
+    m = 1
+    while (m + 1) * q <= len(t) and np.array_equal(t[m * q:(m + 1) * q], t[:q]):
+        m += 1
+    return m
+
+
+def _splits(heavy, order, first: int, cuts: list[int], min_heavy: int) -> bool:
+    """Whether `cuts` (offsets in the unit from `first`) are residual-stream cuts leaving heavy pieces."""
+    start = order[first][0]
+    return (all(order[first + c][0] <= start for c in cuts[1:-1])
+            and all(heavy[first + a:first + b].sum() >= min_heavy for a, b in zip(cuts, cuts[1:])))
 
 
 def _extend(g, ops, first: int, p: int, n_layers: int, lo: int, hi: int) -> tuple[int, int]:
