@@ -91,6 +91,34 @@ def test_solvers_match_oracle(case):
 
 @SETTINGS
 @given(region_problems())
+def test_the_second_search_is_exact_too(case):
+    """Where CP-SAT's first search proves nothing (here given no time at all), the second, from
+    its set where it found one and with stronger cuts, still returns the optimum."""
+    from unittest import mock
+
+    from ortools.sat.python import cp_model
+
+    from autoremat.solver import _region
+
+    problem, cap = case
+    searches = []
+    real = _region._search
+
+    def counted(*args, **kwargs):
+        solver, status = real(*args, **kwargs)
+        searches.append((kwargs, status))
+        return solver, status
+
+    with mock.patch.object(_region, "FIRST_SEARCH_S", 0.0), mock.patch.object(_region, "_search", counted):
+        exact = solve_region_cpsat(problem, cap)
+    check_solution(problem, cap, exact)
+    assert exact.recompute_time == pytest.approx(oracle(problem, cap), abs=1e-9 * len(problem.op_time))
+    proved = searches[:1] and searches[0][1] == cp_model.OPTIMAL
+    assert [kw for kw, _ in searches] == ([] if not searches else [{}] if proved else [{}, {"linearization_level": 2}])
+
+
+@SETTINGS
+@given(region_problems())
 def test_ties_prefer_fewer_saved_bytes(case):
     problem, cap = case
     brute = solve_region_brute_force(problem, cap)

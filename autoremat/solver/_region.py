@@ -48,6 +48,20 @@ __all__ = [
 MAX_BRUTE_FORCE_VALUES = 16
 _TIE_BREAK_UNITS = 10**6
 _MAX_TIME_UNITS = 10**12
+# CP-SAT's searches, each bounded by its deterministic time (the same work on any machine under
+# any load, so the same set comes back) as well as the caller's seconds.  The first: its defaults
+# on one worker; every region of the benchmark models but the Griffin-style hybrid's
+# (benchmarks/unseen.py) proves optimal within 0.02 s.  Where it proves nothing, a second
+# search from its set, with the LP relaxation's stronger cuts (linearization level 2): on the
+# hybrid's scan body (783 values, 3 blocks with an associative scan each) the first search,
+# given 2 s of wall time, ended without a proof at each of 21 caps (39 s a body) and at 80%
+# of the residual bytes kept a set recomputing 4409 ms where the greedy's recomputes 233; the
+# second, with 1.0 deterministic s, proves 10% and 30% in 0.3 and 0.8 s and at 50% and 80%
+# ends at 400.9 and 231.5 ms (0.9 s each; eight interleaved workers reach 398.7 and 230.9 in
+# 6 s of two cores).  Measured with /tmp scripts on that body, forty-sixth session
+# (docs/FINDINGS.md).
+FIRST_SEARCH_S = 0.1
+SECOND_SEARCH_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -335,16 +349,11 @@ def solve_region_cpsat(problem: RegionProblem, cap_bytes: int, *, time_limit: fl
     model.minimize(cp_model.LinearExpr.weighted_sum([t[0] for t in terms], [t[1] for t in terms]))
 
     # ---- Solve and read out ------------------------------------------------------------------
-    solver = cp_model.CpSolver()
-    if time_limit is not None:
-        solver.parameters.max_time_in_seconds = max(float(time_limit), 0.0)
-    # One worker, so that of several sets that tie the same one comes back every time: with two,
-    # the first to finish won, and on a Mamba-2-style layer (benchmarks/unseen.py's ssd) three
-    # processes got three ilp25% sets, compiling 15.43-15.46 GiB around a 15.44 GiB budget
-    # (tests/test_hand.py).  The region solves of every benchmark model take at most 0.02 s.
-    solver.parameters.num_workers = 1
-    solver.parameters.random_seed = 0
-    status = solver.solve(model)
+    solver, status = _search(model, FIRST_SEARCH_S, time_limit)
+    if status in (cp_model.FEASIBLE, cp_model.UNKNOWN):  # no proof: the second search
+        for var in (*s.values(), *r.values()) if status == cp_model.FEASIBLE else ():
+            model.add_hint(var, solver.boolean_value(var))
+        solver, status = _search(model, SECOND_SEARCH_S, time_limit, linearization_level=2)
     if status == cp_model.MODEL_INVALID:
         raise SolverError(f"CP-SAT rejected the region model: {model.validate()}")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -354,6 +363,23 @@ def solve_region_cpsat(problem: RegionProblem, cap_bytes: int, *, time_limit: fl
     if solution.saved_bytes > cap:
         raise SolverError(f"CP-SAT saved {solution.saved_bytes} bytes over the cap {cap}; this is a bug")
     return solution
+
+
+def _search(model, deterministic_s: float, time_limit: float | None, **params):
+    """One CP-SAT search of `model` (`FIRST_SEARCH_S`): (solver, status)."""
+    solver = cp_model.CpSolver()
+    solver.parameters.max_deterministic_time = deterministic_s
+    if time_limit is not None:
+        solver.parameters.max_time_in_seconds = max(float(time_limit), 0.0)
+    # One worker, so that of several sets that tie the same one comes back every time: with two,
+    # the first to finish won, and on a Mamba-2-style layer (benchmarks/unseen.py's ssd) three
+    # processes got three ilp25% sets, compiling 15.43-15.46 GiB around a 15.44 GiB budget
+    # (tests/test_hand.py).  The region solves of every benchmark model take at most 0.02 s.
+    solver.parameters.num_workers = 1
+    solver.parameters.random_seed = 0
+    for key, value in params.items():
+        setattr(solver.parameters, key, value)
+    return solver, solver.solve(model)
 
 
 _REGION_SOLVERS = {
