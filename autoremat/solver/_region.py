@@ -18,7 +18,10 @@ MLSys 2020), solved with CP-SAT as in Moccasin (Bartan et al., 2023)::
 
 Times are integer nanoseconds; the byte term (scaled to at most 10**6 units) is
 a tie-break: ``W`` exceeds its largest value, so among equally fast plans the
-one saving fewer bytes wins.
+one saving fewer bytes wins.  Each solve is bounded by CP-SAT's deterministic
+time, so a set does not depend on the machine's load: a first search with its
+defaults, and, where that proves nothing, a second from its set with stronger
+cuts (``FIRST_SEARCH_S``).
 """
 
 from __future__ import annotations
