@@ -461,15 +461,15 @@ def _unit_cuts(tokens, heavy, order, first: int, p: int, min_heavy: int) -> list
     another in the unit (read round from any of its cuts: the run may start at a group's second
     block, the first reading the function's input), the unit's own start among them, each cut
     crossed by no more bytes than the unit's start (the residual stream), every piece with at
-    least `min_heavy` heavy equations.  The start counts: a block's mixing and MLP halves are cut
-    on the residual stream too, and the copies read from there are as many (without it the
-    hybrid below gave 16 layers, some of them half a block).  A Griffin-style hybrid repeats (recurrent, recurrent, attention) blocks: found
-    as 4 units of 3 where its author wraps each of the 12, and at the 12 blocks' hand-written
-    `dots_with_no_batch_dims_saveable` peak autoremat recomputed +1.28 TFLOP against the
-    policy's +0.69, and nothing_saveable's peak was out of its reach (benchmarks/unseen.py).
-    A repeat inside a layer that is not on the residual stream (its k and v projections, two
-    alike matmuls) is crossed by more and does not split it; nor do a layer's attention and MLP
-    halves, which do not repeat."""
+    least `min_heavy` heavy equations.  A Griffin-style hybrid repeats (recurrent, recurrent,
+    attention) blocks: found as 4 units of 3 where its author wraps each of the 12, and at the
+    12 blocks' hand-written `dots_with_no_batch_dims_saveable` peak autoremat recomputed +1.28
+    TFLOP against the policy's +0.69, and nothing_saveable's peak was out of its reach
+    (benchmarks/unseen.py).  The unit's start counts: a block's mixing and MLP halves are cut on
+    the residual stream too, and copies read from there are as many (without it that hybrid
+    gave 16 layers, some of them half a block).  A repeat inside a layer that is not on the
+    residual stream (its k and v projections, two alike matmuls) is crossed by more and does not
+    split it; nor do a layer's attention and MLP halves, which do not repeat."""
     t, start = tokens[first:first + p], order[first][0]
     edges = [c for c in range(p) if order[first + c][0] <= start]  # the unit's residual-stream cuts
     best = [0, p]

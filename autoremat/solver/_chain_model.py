@@ -180,6 +180,11 @@ def build_chain_model(g: Graph, *, offload: bool = True, max_region_blocks: int 
       block_cache: per-block candidate saved sets by structural signature; pass the same
         dict to several builds of one graph (recalibration, the other block variant) so the
         region solves are not repeated.
+      region_time_limit: seconds per CP-SAT search, a safety net: its deterministic time bounds
+        the searches (`_region.FIRST_SEARCH_S`), so that a set does not depend on the machine's
+        load; the Griffin-style hybrid's scan body's second searches take 0.5-1.6 s of it
+        alone, so a loaded machine may still cut them short (docs/FINDINGS.md, forty-sixth
+        session).
       none_scale: calibration of what un-checkpointed regions keep.  JAX's linearization
         lists every residual, but XLA fuses cheap elementwise residuals into the backward
         pass and never stores them; `optimize` measures the compiled un-optimized peak and

@@ -52,17 +52,17 @@ MAX_BRUTE_FORCE_VALUES = 16
 _TIE_BREAK_UNITS = 10**6
 _MAX_TIME_UNITS = 10**12
 # CP-SAT's searches, each bounded by its deterministic time (the same work on any machine under
-# any load, so the same set comes back) as well as the caller's seconds.  The first: its defaults
-# on one worker; every region of the benchmark models but the Griffin-style hybrid's
-# (benchmarks/unseen.py) proves optimal within 0.02 s.  Where it proves nothing, a second
-# search from its set, with the LP relaxation's stronger cuts (linearization level 2): on the
-# hybrid's scan body (783 values, 3 blocks with an associative scan each) the first search,
-# given 2 s of wall time, ended without a proof at each of 21 caps (39 s a body) and at 80%
-# of the residual bytes kept a set recomputing 4409 ms where the greedy's recomputes 233; the
-# second, with 1.0 deterministic s, proves 10% and 30% in 0.3 and 0.8 s and at 50% and 80%
-# ends at 400.9 and 231.5 ms (0.9 s each; eight interleaved workers reach 398.7 and 230.9 in
-# 6 s of two cores).  Measured with /tmp scripts on that body, forty-sixth session
-# (docs/FINDINGS.md).
+# any load, so the same set comes back; the caller's seconds, 2 from the chain model, are a
+# safety net).  The first: its defaults on one worker, as before; every region of the 36 other
+# realscale.py and unseen.py models proves optimal in it within 0.008 deterministic s.  Where it
+# proves nothing, a second search from its set with the LP relaxation's stronger cuts
+# (linearization level 2).  On the Griffin-style hybrid's scan body (783 values, 3 blocks with
+# an associative scan each) the first search, given 2 s of wall time, ended without a proof at
+# each of 21 caps (39 s a body) and at 80% of the residual bytes kept a set recomputing 4409 ms
+# where the greedy's recomputes 233; with these bounds, 19.2 s a body, 12 caps proved, 231.2 ms
+# at 80% and 408.0 at 50% (492.9 before; the second search alone at 1.0 deterministic s: 231.5
+# and 400.9; eight interleaved workers 230.9 and 398.7 in 6 s of two cores a cap).  Measured
+# with scripts in /tmp on that body, forty-sixth session (docs/FINDINGS.md).
 FIRST_SEARCH_S = 0.1
 SECOND_SEARCH_S = 0.5
 
