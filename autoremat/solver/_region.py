@@ -58,11 +58,11 @@ _MAX_TIME_UNITS = 10**12
 # proves nothing, a second search from its set with the LP relaxation's stronger cuts
 # (linearization level 2).  On the Griffin-style hybrid's scan body (783 values, 3 blocks with
 # an associative scan each) the first search, given 2 s of wall time, ended without a proof at
-# each of 21 caps (39 s a body) and at 80% of the residual bytes kept a set recomputing 4409 ms
-# where the greedy's recomputes 233; with these bounds, 19.2 s a body, 12 caps proved, 231.2 ms
-# at 80% and 408.0 at 50% (492.9 before; the second search alone at 1.0 deterministic s: 231.5
-# and 400.9; eight interleaved workers 230.9 and 398.7 in 6 s of two cores a cap).  Measured
-# with scripts in /tmp on that body, forty-sixth session (docs/FINDINGS.md).
+# each of 21 caps (39 s a body) and at 80% of the residual bytes kept a set recomputing 4411 ms
+# where the greedy's recomputes 233; with these bounds, 19-24 s a body, 12 caps proved, 231.2
+# ms at 80% and 408.0 at 50% (492.9 before; linearization level 2 alone at 1.0 deterministic
+# s: 231.5 and 400.9; eight interleaved workers 230.9 and 398.7 in 7 s of two cores a cap):
+# benchmarks/region_searches.py (results/region_searches.md).
 FIRST_SEARCH_S = 0.1
 SECOND_SEARCH_S = 0.5
 
