@@ -430,23 +430,23 @@ def _find_runs(g, ops, tokens, heavy, order, lo, hi, spans, min_heavy):
     if best is None:
         return
     _, p, first, n_layers = best
-    first, n_layers = _extend(g, ops, first, p, n_layers, lo, hi)
     cuts = _unit_cuts(tokens, heavy, order, first, p, min_heavy)
     run = [(first + k * p + a, first + k * p + b) for k in range(n_layers) for a, b in zip(cuts, cuts[1:])]
-    run = _extend_blocks(g, ops, run, len(cuts) - 1, lo, hi)
+    run = _extend(g, ops, run, len(cuts) - 1, lo, hi)
     spans.extend(run)
     _find_runs(g, ops, tokens, heavy, order, lo, run[0][0], spans, min_heavy)
     _find_runs(g, ops, tokens, heavy, order, run[-1][1], hi, spans, min_heavy)
 
 
-def _extend_blocks(g, ops, run: list, k: int, lo: int, hi: int) -> list:
-    """`run` (each unit cut into `k` blocks) with one more block at either end while it hashes
-    like the block it stands for (`_extend`'s comparison): a group's first block may read the
-    function's input and its last feed the head, so the run of whole groups leaves them out (a
-    hybrid's last attention block, left out, was then cut into 3 layers at its alike q, k and v
-    projections)."""
-    if k == 1:
-        return run
+def _extend(g, ops, run: list, k: int, lo: int, hi: int) -> list:
+    """`run` (each unit cut into `k` blocks, `_unit_cuts`) with one more block at either end while
+    its equations hash like the block it stands for: the first and last layers read from and feed
+    other equations than the middle ones, so their tokens differ (a 24-layer GPT gave 23 layers
+    without this), but their structure does not; a hybrid's last attention block, left out of the
+    run of whole groups, was cut into 3 layers at its alike q, k and v projections.  The
+    comparison ignores whether an outside value is an argument: the first layer of a stack that
+    reads the function's input directly (flax nnx and equinox MLP stacks, `examples.mlp_chain`:
+    3 of 4 and 7 of 8 layers found without this) is still a layer, with a key of its own."""
     run, key = list(run), lambda a, b: _layer_hash(g, ops, a, b, kinds=False)
     while (a := run[-1][1]) + (n := (m := run[-k])[1] - m[0]) <= hi and key(a, a + n) == key(*m):
         run.append((a, a + n))
@@ -497,22 +497,6 @@ def _splits(heavy, order, first: int, cuts: list[int], min_heavy: int) -> bool:
     start = order[first][0]
     return (all(order[first + c][0] <= start for c in cuts[1:-1])
             and all(heavy[first + a:first + b].sum() >= min_heavy for a, b in zip(cuts, cuts[1:])))
-
-
-def _extend(g, ops, first: int, p: int, n_layers: int, lo: int, hi: int) -> tuple[int, int]:
-    """One more layer at either end of a run where its equations hash like the run's: the first
-    and last layers read from and feed other equations than the middle ones, so their tokens
-    differ (a 24-layer GPT gave 23 layers without this), but their structure does not.  The
-    comparison ignores whether an outside value is an argument: the first layer of a stack that
-    reads the function's input directly (flax nnx and equinox MLP stacks, `examples.mlp_chain`:
-    3 of 4 and 7 of 8 layers found without this) is still a layer, with a key of its own."""
-    key = _layer_hash(g, ops, first, first + p, kinds=False)
-    while first + (n_layers + 1) * p <= hi and _layer_hash(g, ops, first + n_layers * p,
-                                                           first + (n_layers + 1) * p, kinds=False) == key:
-        n_layers += 1
-    while first - p >= lo and _layer_hash(g, ops, first - p, first, kinds=False) == key:
-        first, n_layers = first - p, n_layers + 1
-    return first, n_layers
 
 
 def _layer_hash(g: Graph, ops: list[OpInfo], a: int, b: int, kinds: bool = True) -> str:
