@@ -985,14 +985,7 @@ class _Steer:
         """The model under-predicted: ask the solver for less.  After two over-budget rounds,
         follow the line through them (the model's error often grows as plans get lower, and
         stepping down by the overshoot alone then takes many rounds); else step down by the
-        overshoot in the model's bytes: divided by how many compiled bytes the plan had per
-        predicted one, where more than one.  The Griffin-style hybrid's scan under FSDP at 20.60
-        GiB a device (benchmarks/budget_log.py --model griffin_scan --layout fsdp --batch-scale
-        8): round 1, predicted 11.33 GiB, compiled 21.84; stepping down 1.24 GiB of predicted
-        bytes asked for a plan at 10.01 recomputing 12.2 TFLOP, which could not beat the policy's
-        5.5, and the search returned the policy, where the plan found at the lower 18.98 GiB
-        recomputes 3.0 (the model's bytes there counted x1.93); stepping down 1.24 / 1.93, round
-        2 fitted (20.54 GiB, +2.2 TFLOP).  And in any case the `margin` below the over-budget plan's own `predicted`
+        overshoot; and in any case the `margin` below the over-budget plan's own `predicted`
         peak: the solver's fastest plan within a target is the fastest within every lower
         target it meets, so any target from there up returns it again.  LoRA's scan over layers
         at dots_with_no_batch_dims_saveable's 29.35 GiB (benchmarks/unseen.py): the plan
@@ -1004,8 +997,7 @@ class _Steer:
         differently, which compiled to the same 19.61."""
         budget = self.budget
         over = [h for h in history if h["compiled"] > budget]
-        scale = max(1.0, compiled / predicted) if predicted > 0 else 1.0
-        step = min(target - int((compiled - budget) / scale), predicted) - self.margin()
+        step = min(target - (compiled - budget), predicted) - self.margin()
         if len(over) >= 2 and over[-2]["predicted"] != over[-1]["predicted"]:
             (p1, c1), (p2, c2) = ((h["predicted"], h["compiled"]) for h in over[-2:])
             slope = (c2 - c1) / (p2 - p1)
