@@ -651,8 +651,13 @@ class PlanSearch:
             if not self.validate:
                 return self._unvalidated(result)
             ahead = first is not None and first[2] is not None  # compiled among the mixes
-            if not ahead and (not self.can_win(result.segments)
-                              or (self.lowest_over and not self.in_reach(result.segments))):
+            if not ahead and not self.can_win(result.segments):
+                target = steer.lifted(target, self.history) if best is None else None
+                if target is None:
+                    break
+                continue
+            if not ahead and ((self.lowest_over and not self.in_reach(result.segments))
+                              or not steer.may_fit(result.peak_bytes, self.history)):
                 break
             compiled = (first[2] if ahead else self._compile_round(rnd, result)).peak
             self.history.append({"round": rnd + 1, "target": target, "predicted": result.peak_bytes,
@@ -930,6 +935,7 @@ class _Steer:
     def __init__(self, budget: int):
         self.budget = budget
         self.raised, self.fit_target, self.over_target = 0, 0, None
+        self.low = None  # the highest target whose plan could not win (`lifted`)
         self.fit_point = self.over_point = None  # (predicted, compiled) of the plans at those targets
 
     def next(self, target: int, compiled: int, objective: float, have_fit: bool, history: list) -> int | None:
@@ -959,6 +965,35 @@ class _Steer:
             self.raised += 1
             return self._between()
         return self._step_down(target, point[0], compiled, history)
+
+    def lifted(self, target: int, history: list) -> int | None:
+        """After a round over the budget, the solver's plan for `target` cannot beat the best
+        plan compiled (`PlanSearch.can_win`), and a lower target recomputes no less: the plans
+        worth a compile lie between `target` and the lowest predicted peak that compiled over,
+        so aim at the middle (None where there is no room).  The Griffin-style hybrid's scan
+        under FSDP at 20.60 GiB a device (benchmarks/budget_log.py --model griffin_scan --layout
+        fsdp --batch-scale 8): round 1, predicted 11.33 GiB, compiled 21.84; the step down asked
+        for a plan at 10.01 recomputing 12.2 TFLOP, which could not beat the policy's 5.5, and
+        the rounds ended there, where the plan found at the lower 18.98 GiB recomputes 3.0."""
+        over = [h["predicted"] for h in history if h["compiled"] > self.budget]
+        if not over:
+            return None
+        self.low = max(target, self.low or 0)
+        nxt = (self.low + min(over) - self.margin()) // 2
+        return nxt if nxt > self.low else None
+
+    def may_fit(self, predicted: int, history: list) -> bool:
+        """Whether a plan for a lifted target (`lifted`) may fit: its `predicted` peak times the
+        least compiled bytes per predicted one of the rounds over the budget is within it (where
+        the model misses a fixed part of the peak that ratio is more than the slope, so this
+        lets through more than fit).  Where it does not, a higher target's plan does not
+        either, and below it none can win.  ResNet-50 at dots_saveable's 2.99 GiB
+        (benchmarks/budget_log.py --model resnet_flax): round 1 predicted 2.52 GiB compiled
+        3.87, x1.54."""
+        if self.low is None:
+            return True
+        ratios = [h["compiled"] / h["predicted"] for h in history if h["compiled"] > self.budget and h["predicted"] > 0]
+        return not ratios or predicted * min(ratios) <= self.budget
 
     def margin(self) -> int:
         """How far under the budget a target read off a line aims: 0.5% of it, as the step down
@@ -1003,6 +1038,9 @@ class _Steer:
             slope = (c2 - c1) / (p2 - p1)
             if slope > 0.05:
                 step = min(step, int(p2 - (c2 - budget) / slope) - self.margin())
+        if self.low is not None and step <= self.low:  # below it the plans cannot win (`lifted`)
+            step = (self.low + min(predicted, target) - self.margin()) // 2
+            return step if step > self.low else None
         return step if step > 0 else None
 
 

@@ -229,6 +229,29 @@ def test_a_plan_over_the_budget_is_stepped_below_not_asked_for_again():
     assert step == target - (int(33.0 * G) - budget) - budget // 200 and step < predicted
 
 
+def test_a_plan_that_cannot_win_after_an_overshoot_lifts_the_target_between():
+    """After a round over the budget, a step down whose plan cannot beat the best compiled plan
+    is not the end: the next target is the middle between it and the plan that compiled over
+    (the Griffin-style scan under FSDP at 20.60 GiB: round 1 predicted 11.33 compiled 21.84,
+    the step down's plan at 10.01 could not beat the policy), and a later step down stays
+    above it.  With no round over, nothing to lift to."""
+    from autoremat._search import _Steer
+    G = 2**30
+    budget = int(20.60 * G)
+    steer = _Steer(budget)
+    history = [{"target": int(11.38 * G), "predicted": int(11.33 * G), "compiled": int(21.84 * G)}]
+    low = steer.next(int(11.38 * G), int(21.84 * G), 1.0, False, history)
+    lifted = steer.lifted(low, history)
+    assert lifted == (low + int(11.33 * G) - budget // 200) // 2 and low < lifted < int(11.33 * G)
+    # its plan is compiled only where the over round's compiled bytes per predicted one (x1.93) keep it within
+    assert steer.may_fit(int(10.59 * G), history) and not steer.may_fit(int(10.8 * G), history)
+    assert _Steer(budget).may_fit(int(10.8 * G), history)  # nothing lifted: every plan goes on as before
+    history.append({"target": lifted, "predicted": lifted - G // 10, "compiled": int(24.0 * G)})
+    again = steer.next(lifted, int(24.0 * G), 1.0, False, history)  # far over: the step would go below `low`
+    assert again is not None and low < again < lifted - G // 10
+    assert _Steer(budget).lifted(low, []) is None
+
+
 def test_report_is_readable(mlp):
     loss, ws, x, _ = mlp
     text = autoremat.optimize(loss, budget=0.8).report(ws, x)
