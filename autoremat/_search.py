@@ -979,8 +979,7 @@ class _Steer:
         if not over:
             return None
         self.low = max(target, self.low or 0)
-        nxt = (self.low + min(over) - self.margin()) // 2
-        return nxt if nxt > self.low else None
+        return self._above_low(min(over))
 
     def may_fit(self, predicted: int, history: list) -> bool:
         """Whether a plan for a lifted target (`lifted`) may fit: its `predicted` peak times the
@@ -1039,9 +1038,13 @@ class _Steer:
             if slope > 0.05:
                 step = min(step, int(p2 - (c2 - budget) / slope) - self.margin())
         if self.low is not None and step <= self.low:  # below it the plans cannot win (`lifted`)
-            step = (self.low + min(predicted, target) - self.margin()) // 2
-            return step if step > self.low else None
+            return self._above_low(min(predicted, target))
         return step if step > 0 else None
+
+    def _above_low(self, high: int) -> int | None:
+        """The middle between `low` (`lifted`) and the `margin` below `high`, if above `low`."""
+        nxt = (self.low + high - self.margin()) // 2
+        return nxt if nxt > self.low else None
 
 
 def _lowest_how(variant: str) -> str:
