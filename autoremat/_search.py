@@ -656,8 +656,11 @@ class PlanSearch:
                 if target is None:
                     break
                 continue
-            if not ahead and ((self.lowest_over and not self.in_reach(result.segments))
-                              or not steer.may_fit(result.peak_bytes, self.history)):
+            if not ahead and self.lowest_over and not self.in_reach(result.segments):
+                break
+            if not ahead and not steer.may_fit(result.peak_bytes, self.history):
+                self.say(f"round {rnd + 1}: not compiled: the rounds over budget compiled at least "
+                         f"{steer.least_ratio(self.history):.3g}x their predicted peaks, which would put it over")
                 break
             compiled = (first[2] if ahead else self._compile_round(rnd, result)).peak
             self.history.append({"round": rnd + 1, "target": target, "predicted": result.peak_bytes,
@@ -975,11 +978,11 @@ class _Steer:
         fsdp --batch-scale 8): round 1, predicted 11.33 GiB, compiled 21.84; the step down asked
         for a plan at 10.01 recomputing 12.2 TFLOP, which could not beat the policy's 5.5, and
         the rounds ended there, where the plan found at the lower 18.98 GiB recomputes 3.0."""
-        over = [h["predicted"] for h in history if h["compiled"] > self.budget]
+        over = self._over(history)
         if not over:
             return None
         self.low = max(target, self.low or 0)
-        return self._above_low(min(over))
+        return self._above_low(min(h["predicted"] for h in over))
 
     def may_fit(self, predicted: int, history: list) -> bool:
         """Whether a plan for a lifted target (`lifted`) may fit: its `predicted` peak times the
@@ -989,10 +992,17 @@ class _Steer:
         either, and below it none can win.  ResNet-50 at dots_saveable's 2.99 GiB
         (benchmarks/budget_log.py --model resnet_flax): round 1 predicted 2.52 GiB compiled
         3.87, x1.54."""
-        if self.low is None:
-            return True
-        ratios = [h["compiled"] / h["predicted"] for h in history if h["compiled"] > self.budget and h["predicted"] > 0]
-        return not ratios or predicted * min(ratios) <= self.budget
+        ratio = self.least_ratio(history) if self.low is not None else None
+        return ratio is None or predicted * ratio <= self.budget
+
+    def least_ratio(self, history: list) -> float | None:
+        """The least compiled bytes per predicted one of the rounds over the budget (None: none)."""
+        ratios = [h["compiled"] / h["predicted"] for h in self._over(history) if h["predicted"] > 0]
+        return min(ratios, default=None)
+
+    def _over(self, history: list) -> list:
+        """The rounds of `history` whose plans compiled over the budget, in order."""
+        return [h for h in history if h["compiled"] > self.budget]
 
     def margin(self) -> int:
         """How far under the budget a target read off a line aims: 0.5% of it, as the step down
@@ -1030,7 +1040,7 @@ class _Steer:
         dots_saveable, the solver then gave a plan predicted at the same 10.32 GiB, cut
         differently, which compiled to the same 19.61."""
         budget = self.budget
-        over = [h for h in history if h["compiled"] > budget]
+        over = self._over(history)
         step = min(target - (compiled - budget), predicted) - self.margin()
         if len(over) >= 2 and over[-2]["predicted"] != over[-1]["predicted"]:
             (p1, c1), (p2, c2) = ((h["predicted"], h["compiled"]) for h in over[-2:])

@@ -246,6 +246,7 @@ def test_a_plan_that_cannot_win_after_an_overshoot_lifts_the_target_between():
     # its plan is compiled only where the over round's compiled bytes per predicted one (x1.93) keep it within
     assert steer.may_fit(int(10.59 * G), history) and not steer.may_fit(int(10.8 * G), history)
     assert _Steer(budget).may_fit(int(10.8 * G), history)  # nothing lifted: every plan goes on as before
+    assert steer.least_ratio(history) == int(21.84 * G) / int(11.33 * G) and _Steer(budget).least_ratio([]) is None
     history.append({"target": lifted, "predicted": lifted - G // 10, "compiled": int(24.0 * G)})
     again = steer.next(lifted, int(24.0 * G), 1.0, False, history)  # far over: the step would go below `low`
     assert again is not None and low < again < lifted - G // 10
