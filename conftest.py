@@ -14,9 +14,9 @@ from autoremat._xla import accelerator_expected, configure_cpu_flags
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
 configure_cpu_flags()
-# Tests that run a step compile it in full; LLVM at -O0 cuts that by 29-45% on XLA:CPU (the built-in
-# examples' value_and_grad compiled in 2.03 / 2.16 / 1.39 s at the default, 1.45 / 1.19 / 0.79 at -O0,
-# each step then running 0.03-0.12 s longer, the same compiled peaks: benchmarks/full_compile_levels.py);
+# Tests that run a step compile it in full; LLVM at -O0 cuts that by 39-44% on XLA:CPU (the built-in
+# examples' value_and_grad compiled in 2.14 / 1.92 / 1.61 s at the default, 1.20 / 1.18 / 0.92 at -O0,
+# each run -0.02..+0.15 s apart, the same compiled peaks: benchmarks/full_compile_levels.py);
 # memory is decided before LLVM (the planner's own compiles already use it,
 # autoremat._xla.MEMORY_ONLY_CPU_OPTIONS).  Not where an accelerator runs the tests.
 if not accelerator_expected() and "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:

@@ -3,9 +3,9 @@
 A test that runs a step compiles `jax.jit(jax.value_and_grad(fn))` in full, LLVM included; the
 planner's compiles are memory-only and use `xla_backend_optimization_level=0` already
 (`autoremat._xla.MEMORY_ONLY_CPU_OPTIONS`).  For each built-in example at its default size, in a
-fresh process per setting (XLA_FLAGS is read once, at start-up): seconds to trace, lower, compile
+fresh process per setting (XLA_FLAGS is read once, at start-up): seconds to trace and lower, compile
 and run the step (the median of `--repeats` fresh `jax.jit`s, no compile cache), and the compiled
-peak, which should not move:
+peak (`CompiledStats.peak_bytes`), which should not move:
 
     .venv/bin/python benchmarks/full_compile_levels.py     # ~1 min; writes results/full_compile_levels.md
 """
@@ -27,30 +27,22 @@ SETTINGS = {"default": "", "-O0": "--xla_backend_optimization_level=0"}
 
 
 def _child(name: str, repeats: int) -> dict:
-    """In this process: the step of example `name` staged and run `repeats` times, timed."""
+    """In this process: the step of example `name` staged, compiled in full and run once,
+    `repeats` times (`runtime.stage_step` and `runtime.compile_step`, as `compiled_stats` with
+    `n_steps=1` does), timed."""
     import autoremat
 
     autoremat.configure_cpu_flags()
-    import jax
-
     from autoremat import examples
+    from autoremat.runtime._validate import compile_step, stage_step
 
     ex = examples.get_example(name)
     times, peak = [], None
     for _ in range(repeats):
-        t = [time.perf_counter()]
-        traced = jax.jit(jax.value_and_grad(ex.fn)).trace(*ex.args)
-        t.append(time.perf_counter())
-        lowered = traced.lower()
-        t.append(time.perf_counter())
-        compiled = lowered.compile()
-        t.append(time.perf_counter())
-        jax.block_until_ready(compiled(*ex.args))
-        t.append(time.perf_counter())
-        times.append([b - a for a, b in zip(t, t[1:])])
-        m = compiled.memory_analysis()
-        peak = (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
-                - m.alias_size_in_bytes)
+        staged = stage_step(ex.fn, *ex.args)
+        st = compile_step(staged, n_steps=1, warmup=0, run_args=ex.args)
+        times.append([staged.trace_time, st.compile_time - staged.trace_time, st.step_time])
+        peak = st.peak_bytes
     return {"seconds": [statistics.median(col) for col in zip(*times)], "peak": peak}
 
 
@@ -72,8 +64,8 @@ def main(argv=None) -> int:
         print(json.dumps(_child(a.child, a.repeats)))
         return 0
     t0 = time.perf_counter()
-    rows = ["| example | LLVM | trace s | lower s | compile s | run s | compiled peak (bytes) |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| example | LLVM | trace and lower s | compile s | run s | compiled peak (bytes) |",
+            "|---|---|---|---|---|---|"]
     for name in EXAMPLES:
         for label, flag in SETTINGS.items():
             got = _measure(name, flag, a.repeats)
