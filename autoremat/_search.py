@@ -651,17 +651,18 @@ class PlanSearch:
             if not self.validate:
                 return self._unvalidated(result)
             ahead = first is not None and first[2] is not None  # compiled among the mixes
-            if not ahead and not self.can_win(result.segments):
-                target = steer.lifted(target, self.history) if best is None else None
-                if target is None:
+            if not ahead:
+                if not self.can_win(result.segments):
+                    target = steer.lifted(target, self.history) if best is None else None
+                    if target is None:
+                        break
+                    continue
+                if self.lowest_over and not self.in_reach(result.segments):
                     break
-                continue
-            if not ahead and self.lowest_over and not self.in_reach(result.segments):
-                break
-            if not ahead and not steer.may_fit(result.peak_bytes, self.history):
-                self.say(f"round {rnd + 1}: not compiled: the rounds over budget compiled at least "
-                         f"{steer.least_ratio(self.history):.3g}x their predicted peaks, which would put it over")
-                break
+                if not steer.may_fit(result.peak_bytes, self.history):
+                    self.say(f"round {rnd + 1}: not compiled: the rounds over budget compiled at least "
+                             f"{steer.least_ratio(self.history):.3g}x their predicted peaks, which would put it over")
+                    break
             compiled = (first[2] if ahead else self._compile_round(rnd, result)).peak
             self.history.append({"round": rnd + 1, "target": target, "predicted": result.peak_bytes,
                                  "compiled": compiled, "segments": result.segments})
