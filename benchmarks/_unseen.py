@@ -72,6 +72,15 @@ description, layers), as `_thirdparty.py`'s do.
   attention block, each block followed by a GeGLU MLP; its 12 blocks unrolled, each under its
   own hand-written policy, or its 4 groups in a scan over the groups, the policy on the body
   (`griffin_scan`).
+* `chunked`, `chunked_scan`: a GPT-2-style decoder with a Llama-3-sized vocabulary (128256) whose
+  loss is computed chunk by chunk along the sequence, as people write it so that the B x S x V
+  float32 logits are never held at once: a `lax.scan` over 8 chunks whose body, under the
+  author's own `jax.checkpoint`, makes one chunk's logits and its cross-entropy; its layers
+  unrolled, or in a scan over layers (two top-level scans: the layers' and the loss's).  The
+  hand-written policies go on the layers; the loss stays as its author wrote it.
+* `fori_scan`: a GPT-2-style decoder whose layers run in a `lax.fori_loop` over stacked weights,
+  each step indexing its layer's weights (`w[i]`), the hand-written policy on the loop's body
+  (reverse mode turns the loop into a scan whose weights are indexed, not scanned over).
 """
 
 from __future__ import annotations
@@ -1228,6 +1237,81 @@ def _griffin_desc(how: str) -> str:
             f"batch {d['B']}, bf16")
 
 
+# -- the loss chunk by chunk (a checkpointed scan over the sequence); layers in a fori_loop -----
+CHUNKED = dict(L=12, D=2048, H=16, F=8192, V=128256, S=2048, B=4, C=8)
+FORI = dict(L=12, D=2048, H=16, F=8192, V=50304, S=1024, B=8)
+
+
+def _chunked_xent(h, head, tokens):
+    """The mean cross-entropy of `h @ head` against `tokens`, `CHUNKED["C"]` chunks of the sequence
+    at a time: a scan whose body, under the author's `jax.checkpoint`, makes one chunk's logits."""
+    B, S, D = h.shape
+    C = CHUNKED["C"]
+    hc, tc = h.reshape(B, C, S // C, D).swapaxes(0, 1), tokens.reshape(B, C, S // C).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def chunk(total, xt):
+        x, t = xt
+        logits = (_ln(x) @ head).astype(jnp.float32)
+        return total - jnp.sum(jnp.take_along_axis(jax.nn.log_softmax(logits), t[..., None], -1)), None
+    total, _ = jax.lax.scan(chunk, jnp.zeros((), jnp.float32), (hc, tc))
+    return total / (B * S)
+
+
+def _gpt_args(d: dict, stacked: bool) -> tuple:
+    """(params, tokens) of a GPT-2-style decoder of sizes `d`: its layers' weights a list, or
+    stacked along a leading axis."""
+    shapes = _dropout_shapes(d)
+    layers = ({k: sd((d["L"], *s), bf) for k, s in shapes.items()} if stacked
+              else [{k: sd(s, bf) for k, s in shapes.items()} for _ in range(d["L"])])
+    params = {"embed": sd((d["V"], d["D"]), bf), "pos": sd((d["S"], d["D"]), bf), "layers": layers,
+              "head": sd((d["D"], d["V"]), bf)}
+    return params, sd((d["B"], d["S"]), jnp.int32)
+
+
+def chunked(policies=None, prevent_cse=True):
+    d = CHUNKED
+    pols = list(policies) if policies is not None else [None] * d["L"]
+
+    def loss(params, tokens):
+        h = params["embed"][tokens] + params["pos"]
+        for p, pol in zip(params["layers"], pols):
+            h = _wrap(_gpt_layer, pol, prevent_cse)(h, p)
+        return _chunked_xent(h, params["head"], tokens)
+    return loss, _gpt_args(d, False), _chunked_desc("layers unrolled"), d["L"]
+
+
+def chunked_scan(policies=None, prevent_cse=True):
+    d = CHUNKED
+    body = _wrap(lambda h, p: (_gpt_layer(h, p), None), (policies or [None])[0], prevent_cse)
+
+    def loss(params, tokens):
+        h, _ = jax.lax.scan(body, params["embed"][tokens] + params["pos"], params["layers"])
+        return _chunked_xent(h, params["head"], tokens)
+    return loss, _gpt_args(d, True), _chunked_desc("a scan over layers"), d["L"]
+
+
+def _chunked_desc(how: str) -> str:
+    d = CHUNKED
+    return (f"GPT-2-style decoder whose loss is a checkpointed scan over {d['C']} chunks of the sequence "
+            f"({how}): {d['L']} layers, d_model {d['D']}, d_ff {d['F']}, vocab {d['V']}, seq {d['S']}, "
+            f"batch {d['B']}, bf16")
+
+
+def fori_scan(policies=None, prevent_cse=True):
+    d = FORI
+
+    def loss(params, tokens):
+        def body(i, h):
+            return _gpt_layer(h, jax.tree.map(lambda w: w[i], params["layers"]))
+        h = jax.lax.fori_loop(0, d["L"], _wrap(body, (policies or [None])[0], prevent_cse),
+                              params["embed"][tokens] + params["pos"])
+        return _xent(_ln(h) @ params["head"], tokens)
+    return loss, _gpt_args(d, True), (
+        f"GPT-2-style decoder whose layers run in a lax.fori_loop over stacked weights, each step indexing its "
+        f"own: {d['L']} layers, d_model {d['D']}, d_ff {d['F']}, seq {d['S']}, batch {d['B']}, bf16"), d["L"]
+
+
 BUILDERS = {"moe": moe, "unet": unet, "encdec": encdec, "vit_nnx": vit_nnx, "alternating": alternating,
             "penzai": penzai, "penzai_scan": penzai_scan, "nnx_scan": nnx_scan, "equinox_scan": equinox_scan,
             "ssd": ssd, "ssd_scan": ssd_scan, "vjp_attention": vjp_attention,
@@ -1235,4 +1319,5 @@ BUILDERS = {"moe": moe, "unet": unet, "encdec": encdec, "vit_nnx": vit_nnx, "alt
             "mixed": mixed, "mixed_scan": mixed_scan, "dropout": dropout, "dropout_scan": dropout_scan,
             "sdepth": sdepth, "sdepth_scan": sdepth_scan, "lora": lora, "lora_scan": lora_scan,
             "shared": shared, "shared_scan": shared_scan, "lstm": lstm, "lstm_scan": lstm_scan,
-            "gnn": gnn, "gnn_scan": gnn_scan, "griffin": griffin, "griffin_scan": griffin_scan}
+            "gnn": gnn, "gnn_scan": gnn_scan, "griffin": griffin, "griffin_scan": griffin_scan,
+            "chunked": chunked, "chunked_scan": chunked_scan, "fori_scan": fori_scan}
