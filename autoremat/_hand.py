@@ -32,14 +32,18 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+import jax.extend as jex
+
 from autoremat._layer_options import fit_peak_line, layer_body, name_presets, policy_keeps, policy_layer_flops
 from autoremat._units import format_bytes
 from autoremat.graph._graph import Graph
+from autoremat.graph._interpret import checkpoint_params
 from autoremat.graph._layers import Layer, layer_spans
 from autoremat.graph._trace import describe_eqn
 from autoremat.runtime._plan import Plan, Region, ScanPlan, ValueRecord
 
-__all__ = ["HAND_POLICIES", "HandPlan", "HandSearch", "Nested", "as_written", "layer_plan", "maxtext_presets", "uniform_plans"]
+__all__ = ["HAND_POLICIES", "HandPlan", "HandSearch", "Nested", "as_written", "authored_layers", "layer_plan",
+           "maxtext_presets", "uniform_plans"]
 
 # JAX's built-in policies a person applies per layer, leanest first.
 HAND_POLICIES = ("nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_saveable")
@@ -235,6 +239,40 @@ def _records(g: Graph, layers: Sequence[Layer], policies: Sequence) -> dict[str,
     return out
 
 
+def authored_layers(traced, layers: Sequence[Layer]) -> tuple[bool, ...]:
+    """Per layer, whether it holds one of the user's own `jax.checkpoint`s: inlined among its
+    top-level equations (`Traced.user_regions`), or inside a scan (or other body) among them."""
+    eqns = traced.jaxpr.eqns
+
+    def holds(la: Layer) -> bool:
+        return (any(la.start <= u.start and u.stop <= la.stop for u in traced.user_regions)
+                or any(_has_checkpoint(e) for e in eqns[la.start:la.stop]))
+    return tuple(holds(la) for la in layers)
+
+
+def _has_checkpoint(eqn) -> bool:
+    """Whether `eqn` is a `jax.checkpoint` or holds one in a body (a scan's, a cond's branches, a call's)."""
+    if checkpoint_params(eqn) is not None:
+        return True
+    bodies = [b for v in eqn.params.values() for b in (v if isinstance(v, (tuple, list)) else (v,))]
+    return any(_has_checkpoint(e) for b in bodies if isinstance(b, (jex.core.ClosedJaxpr, jex.core.Jaxpr))
+               for e in (b.jaxpr if isinstance(b, jex.core.ClosedJaxpr) else b).eqns)
+
+
+def _unauthored(authored: Sequence[bool], options: Sequence[tuple]) -> list[tuple]:
+    """Each (policy, label, option per layer) of `options` on the layers without the user's own
+    checkpoints alone, the others left as the user wrote them, where some layers hold them
+    (`authored`) and some do not: a person adding a policy per layer leaves the layers they have
+    checkpointed already.  A decoder whose loss is a scan over chunks of the sequence, each chunk
+    under the author's `jax.checkpoint` (benchmarks/_unseen.py `chunked_scan`): the loss's scan is
+    a layer too, and each policy on both scans replaced the author's checkpoint (saving the
+    chunks' logits), so the policy on the layers alone, as a person writes it, was no candidate."""
+    if not any(authored) or all(authored):
+        return []
+    return [(pol, f"{label.removesuffix(' per layer')} on the layers without your checkpoints",
+             [None if a else x for a, x in zip(authored, per_layer)]) for pol, label, per_layer in options]
+
+
 def maxtext_presets(g: Graph, layers: Sequence[Layer]) -> dict[str, tuple[frozenset, ...]]:
     """MaxText's presets on `layers` (`_layer_options.name_presets`), as `HandSearch.presets`."""
     return {f"{MAXTEXT}{name}": sets for name, sets in name_presets(g, layers)}
@@ -244,15 +282,18 @@ def uniform_plans(g: Graph, layers: Sequence[Layer], meta: dict | None = None,
                   presets: Mapping[str, Sequence[frozenset]] | None = None) -> list[tuple[str, str, Plan]]:
     """(policy, label, plan) of each of `HAND_POLICIES` on every layer, then of each of `presets`
     ("maxtext <preset>" -> the values it saves per layer: `HandSearch.presets`, MaxText's presets
-    on layers tagged with its names); where a layer is a scan, twice: with
-    JAX's default barriers on its body and with `prevent_cse=False` (not where the scan is
-    unrolled: `OpInfo.unrolled`)."""
+    on layers tagged with its names); where some layers hold the user's own checkpoints and others
+    do not (`authored_layers`), each also on the others alone (`_unauthored`); where a layer is a
+    scan, twice: with JAX's default barriers on its body and with `prevent_cse=False` (not where the
+    scan is unrolled: `OpInfo.unrolled`)."""
     n = len(layers)
     scans = any(g.traced.jaxpr.eqns[la.start].primitive.name == "scan" and not g.ops[f"e{la.start}"].unrolled
                 for la in layers)
-    options = [(pol, pol, [pol] * n) for pol in HAND_POLICIES]
-    options += [(pol, f"MaxText's {pol.removeprefix(MAXTEXT)}", list(sets)) for pol, sets in (presets or {}).items()]
-    plans = [(pol, f"{label} per layer" + ("" if cse else " (scan bodies with prevent_cse=False)"),
+    options = [(pol, f"{pol} per layer", [pol] * n) for pol in HAND_POLICIES]
+    options += [(pol, f"MaxText's {pol.removeprefix(MAXTEXT)} per layer", list(sets))
+                for pol, sets in (presets or {}).items()]
+    options += _unauthored(authored_layers(g.traced, layers), options)
+    plans = [(pol, label + ("" if cse else " (scan bodies with prevent_cse=False)"),
               layer_plan(g, layers, per_layer, meta=meta, prevent_cse=cse))
              for pol, label, per_layer in options for cse in ((True, False) if scans else (True,))]
     if any(_scans_in(g.traced, la) for la in layers):  # recurrent layers: the policy on their cells too
@@ -322,8 +363,10 @@ class HandSearch:
 
     def uniform(self, plans: Sequence[tuple[str, str, Plan]], limit: int) -> None:
         """`uniform_plans`' plans compiled, fewest recomputed FLOPs first (`_fastest_first`; scans:
-        with and without barriers), up to the first of JAX's policies that fits `limit`: the rest
-        recompute at least as much, and at 1B each costs a whole-step compile
+        with and without barriers), up to the first of JAX's policies that fits `limit` in each
+        family of plans (`_family`: those on every layer, those on the layers without the user's
+        own checkpoints alone): the rest of a family recompute at least as much, and at 1B each
+        costs a whole-step compile
         (benchmarks/realscale.py, Llama at dots_saveable's peak: 5.5 s for it alone; the three
         leanest-first, two at a time on this 2-core CPU, took 19.3 s).  A MaxText preset that
         fits does not end it: the leaner policies after it may still make better mixes.  On the
@@ -335,24 +378,49 @@ class HandSearch:
         fresh process on the 1B Llama under FSDP, `nothing_saveable` was ready 1.8 s after
         `dots_with_no_batch_dims_saveable` where it took 7.1 s after it (docs/FINDINGS.md,
         twenty-eighth session)."""
-        n = len(self.layers)
         order = self._fastest_first(plans)
+        fitted: dict[tuple, bool] = {}  # `_family` -> whether one of JAX's policies in it fitted
+        tier: dict[tuple, int] = {}  # `_family` -> the least peak of the policy being compiled in it
         for i, (pol, label, plan) in enumerate(order):
-            certain = _certain(order, i)
-            # the leaner ones are compiled only if this one is over, or if it cannot end the phase;
-            # where the model puts this one over, the next is compiled beside it
-            later = order[i + 1:i + 1 + AHEAD] if self._model_over(pol, limit) else certain
-            got = self.compile(_expecting(plan, self._policy_expected(pol, as_written(pol, plan))), label,
-                               [q[2] for q in later[:AHEAD]],
-                               [(q[2], q[1]) for q in later])
-            self.say(f"hand-written {label} ({n} layers): compiled {format_bytes(got.peak)}, "
-                     f"+{got.extra_flops / 1e9:.4g} GFLOP")
-            if pol not in self.points or got.peak < self.points[pol].peak:
-                self._take(pol, got)
-            last_of_tier = i + 1 == len(order) or order[i + 1][0] != pol
-            if last_of_tier and pol in HAND_POLICIES and self.points[pol].peak <= limit and i + 1 < len(order):
+            if not fitted.get(self._family(plan)):
+                got = self._compile_uniform(order, i, fitted, limit)
+                tier[self._family(plan)] = min(got.peak, tier.get(self._family(plan), got.peak))
+            if i + 1 < len(order) and order[i + 1][0] == pol:
+                continue
+            if pol in HAND_POLICIES:  # the tier's last: a family whose policy fits is settled
+                fitted.update({f: fitted.get(f, False) or peak <= limit for f, peak in tier.items()})
+            tier = {}
+            if fitted and all(fitted.values()) and i + 1 < len(order):
                 self.say(f"{pol} per layer fits: the rest save less, so recompute no less; not compiled")
                 return
+
+    def _compile_uniform(self, order: Sequence[tuple], i: int, fitted: dict, limit: int) -> HandPlan:
+        """`uniform`'s plan `order[i]` compiled and taken as its policy's point if its peak is the
+        lowest so far; the plans after it certain to be compiled too (`_certain`, those of a
+        family not settled yet) are compiled beside it, or the next two where the model puts
+        this one over the limit."""
+        pol, label, plan = order[i]
+        open_ = [q for q in order[i + 1:] if not fitted.get(self._family(q[2]))]
+        certain = [q for q in _certain(order, i) if q in open_]
+        # the leaner ones are compiled only if this one is over, or if it cannot end the phase;
+        # where the model puts this one over, the next is compiled beside it
+        later = open_[:AHEAD] if self._model_over(pol, limit) else certain
+        got = self.compile(_expecting(plan, self._policy_expected(pol, as_written(pol, plan))), label,
+                           [q[2] for q in later[:AHEAD]],
+                           [(q[2], q[1]) for q in later])
+        self.say(f"hand-written {label} ({len(self.layers)} layers): compiled {format_bytes(got.peak)}, "
+                 f"+{got.extra_flops / 1e9:.4g} GFLOP")
+        if pol not in self.points or got.peak < self.points[pol].peak:
+            self._take(pol, got)
+        return got
+
+    def _family(self, plan: Plan) -> tuple[bool, ...]:
+        """Which layers `plan` leaves as written (`_unauthored`'s plans leave the user's
+        checkpointed ones): within one such family JAX's policies nest, so once one fits the
+        leaner ones of that family recompute no less; across families they do not (a policy on
+        every layer replaces the user's own checkpoints, and may recompute less than the same
+        policy on the others alone)."""
+        return tuple(plan.leaves_alone(la.start, la.stop) for la in self.layers)
 
     def peak_fixed(self, limit: int) -> str | None:
         """Why no plan is likely to come under `limit`, or None: every option compiled is over
@@ -422,7 +490,9 @@ class HandSearch:
         sets = self.presets.get(pol)
         self.points[pol] = got
         written = as_written(pol, got.plan)
-        self.choice[pol] = (lambda k, sets=sets: sets[k]) if sets is not None else (lambda k, w=written: w)
+        alone = [got.plan.leaves_alone(la.start, la.stop) for la in self.layers]  # `_unauthored`'s
+        self.choice[pol] = lambda k, sets=sets, w=written, alone=alone: (
+            None if alone[k] else sets[k] if sets is not None else w)
         self.saved_bytes[pol] = sum(r.nbytes for r in got.plan.values.values() if r.decision == "save")
         self._flops_of(pol)
 

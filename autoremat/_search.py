@@ -499,11 +499,13 @@ class PlanSearch:
     def _twin_points(self, points: dict) -> list[tuple[int, float]]:
         """(compiled peak, compiled / predicted) of each hand-written per-layer policy, against
         the model's prediction of its twin: the same policy once per layer, its regions cut on
-        the block boundaries nearest the layer's (`ChainModel.per_span`)."""
-        m, spans = self.model, [(la.start, la.stop) for la in self.layers]
-        out = []
+        the block boundaries nearest the layer's (`ChainModel.per_span`), on the layers the plan
+        does not leave as written (`_hand._unauthored`)."""
+        m, out = self.model, []
         for pol in POLICY_KIND_OF:
-            kind = _kind_of(as_written(pol, points[pol].plan)) if pol in points else None
+            plan = points[pol].plan if pol in points else None
+            kind = _kind_of(as_written(pol, plan)) if plan is not None else None
+            spans = [(la.start, la.stop) for la in self.layers if plan is None or not plan.leaves_alone(la.start, la.stop)]
             segs = m.per_span(kind, spans) if kind is not None else None
             if segs is not None:
                 predicted = evaluate(m.raw_problem, segs)[0]

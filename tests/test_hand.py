@@ -1180,3 +1180,66 @@ def test_a_peak_the_two_leanest_policies_call_fixed_is_fixed_only_if_the_lowest_
     assert not hand.peak_moves(int(4.73 * gib) - 1 * mib)  # a MiB under the mix is XLA's placement
     hand.mixes.append(_hand.HandPlan("predicted", None, int(4.0 * gib), 33e12, compiled=False))
     assert hand.peak_moves(int(4.49 * gib))  # a peak only predicted is not a compiled one
+
+
+def _chunked_loss_decoder(policy=None):
+    """A small bf16 decoder whose layers are a scan (under `policy`, written by hand on its body)
+    and whose loss is a second scan, over chunks of the sequence, each chunk under the author's
+    own `jax.checkpoint` (so the B x S x V logits are never held at once; benchmarks/_unseen.py
+    `chunked_scan` at 1B)."""
+    import jax.numpy as jnp
+
+    L, D, F, V, S, B, C = 4, 128, 512, 4096, 128, 4, 4
+    bf = jnp.bfloat16
+
+    def layer(h, p):
+        a = jax.nn.softmax(jnp.einsum("bqd,bkd->bqk", h @ p["wq"], h @ p["wk"]) / D ** 0.5, -1)
+        h = h + jnp.einsum("bqk,bkd->bqd", a, h @ p["wv"])
+        return h + jax.nn.gelu(h @ p["w1"]) @ p["w2"], None
+
+    body = layer if policy is None else jax.checkpoint(layer, policy=getattr(CP, policy))
+
+    def loss(params, x, labels):
+        h, _ = jax.lax.scan(body, x, params["layers"])
+
+        @jax.checkpoint
+        def chunk(total, xt):
+            hc, t = xt
+            logp = jax.nn.log_softmax((hc @ params["head"]).astype(jnp.float32))
+            return total - jnp.sum(jnp.take_along_axis(logp, t[..., None], -1)), None
+        hs, ts = h.reshape(B, C, S // C, D).swapaxes(0, 1), labels.reshape(B, C, S // C).swapaxes(0, 1)
+        total, _ = jax.lax.scan(chunk, jnp.zeros((), jnp.float32), (hs, ts))
+        return total / (B * S)
+
+    k = iter(jax.random.split(jax.random.key(0), 8))
+    shapes = {"wq": (D, D), "wk": (D, D), "wv": (D, D), "w1": (D, F), "w2": (F, D)}
+    params = {"layers": {n: (0.05 * jax.random.normal(next(k), (L, *s))).astype(bf) for n, s in shapes.items()},
+              "head": (0.05 * jax.random.normal(next(k), (D, V))).astype(bf)}
+    return loss, (params, jax.random.normal(next(k), (B, S, D)).astype(bf), jax.random.randint(next(k), (B, S), 0, V))
+
+
+def test_the_policies_are_tried_on_the_layers_alone_where_the_author_checkpointed_others():
+    """A layer the user already checkpointed (the loss's scan over chunks) is left as written by
+    a person putting a policy on the rest: each policy per layer is also a candidate on those
+    alone, and the planner at that hand-written plan's peak fits and recomputes no more.  Before,
+    the policy went on both scans, replacing the author's checkpoint on the loss (its chunks'
+    logits saved), and at dots_with_no_batch_dims_saveable's peak the planner returned a plan
+    recomputing 1.5x the policy's matmul FLOPs (0.201 against 0.134 GFLOP)."""
+    from types import SimpleNamespace
+
+    from autoremat._optimize import plan_for
+
+    fn, args = _chunked_loss_decoder()
+    g, layers = _layers(SimpleNamespace(fn=fn, args=args))
+    assert len(layers) == 2 and _hand.authored_layers(g.traced, layers) == (False, True)
+    plans = {label: plan for _, label, plan in _hand.uniform_plans(g, layers)}
+    alone = plans["dots_with_no_batch_dims_saveable on the layers without your checkpoints"]
+    assert len(alone.scans) == 1 and alone.leaves_alone(layers[1].start, layers[1].stop)
+    assert len(plans["dots_with_no_batch_dims_saveable per layer"].scans) == 2
+    hand_fn, _ = _chunked_loss_decoder("dots_with_no_batch_dims_saveable")
+    hand, none = compiled_stats(hand_fn, *args), compiled_stats(fn, *args)
+    assert compiled_stats(apply(fn, alone), *args).peak_bytes == hand.peak_bytes
+    got = plan_for(fn, hand.peak_bytes, args).plan
+    assert got.meta["compiled_peak"] <= hand.peak_bytes
+    assert got.meta["extra_matmul_flops"] <= hand.matmul_flops - none.matmul_flops
+    assert_trees_close(jax.jit(jax.grad(apply(fn, got)))(*args), jax.jit(jax.grad(fn))(*args))

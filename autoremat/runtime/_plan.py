@@ -208,6 +208,12 @@ class Plan:
         return any("/" not in s.op and any(r.start <= int(s.op[1:]) < r.stop for r in self.regions)
                    for s in self.scans)
 
+    def leaves_alone(self, start: int, stop: int) -> bool:
+        """Whether no region starts and no scan plan lies in top-level equations `[start, stop)`
+        (a layer the plan leaves as written)."""
+        return not any(start <= r.start < stop for r in self.regions) and not any(
+            "/" not in s.op and start <= int(s.op[1:]) < stop for s in self.scans)
+
     def names(self) -> tuple[list[str], list[str]]:
         """(saved names, offloaded names) over all regions and scan bodies."""
         saved, off = set(), set()
