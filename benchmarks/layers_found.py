@@ -3,7 +3,9 @@
 A change to layer finding changes which per-layer hand policies the planner compiles and which
 per-layer options it measures; this table says whether a change touched any benchmark model
 (the first and last layers' top-level equations `[start, stop)` show where the cuts fall, a digest
-of every layer's span whether any other moved).
+of every layer's span whether any other moved), and how many of the layers hold the user's own
+`jax.checkpoint` (`_hand.authored_layers`: where some do and some do not, each hand-written policy
+is also compiled on the others alone).
 
     .venv/bin/python benchmarks/layers_found.py   # -> benchmarks/results/layers_found.md
 """
@@ -21,6 +23,7 @@ autoremat.configure_cpu_flags()
 
 from _common import write_table  # noqa: E402
 import realscale  # noqa: E402
+from autoremat._hand import authored_layers  # noqa: E402
 from autoremat.examples import get_example  # noqa: E402
 from autoremat.graph._graph import graph_from_traced  # noqa: E402
 from autoremat.graph._layers import find_layers  # noqa: E402
@@ -45,14 +48,15 @@ def _digest(layers) -> str:
 def main() -> int:
     t0 = time.perf_counter()
     rows = ["| model | top-level equations | layers found | equations per layer | distinct keys | "
-            "first and last layer | every layer's span (digest) |", "|---|---:|---:|---|---:|---|---|"]
+            "first and last layer | every layer's span (digest) | with your checkpoints |", "|---|---:|---:|---|---:|---|---|---:|"]
     for label, fn, args in _models():
         g = graph_from_traced(trace(fn, args, skip_integer_leaves=False))
         layers = find_layers(g)
         widths = sorted({layer.stop - layer.start for layer in layers})
         ends = ", ".join(f"{la.start}-{la.stop}" for la in (layers[:1] + layers[1:][-1:]))
         rows.append(f"| {label} | {len(g.ops)} | {len(layers)} | {', '.join(map(str, widths)) or '-'} | "
-                    f"{len({layer.key for layer in layers})} | {ends or '-'} | {_digest(layers)} |")
+                    f"{len({layer.key for layer in layers})} | {ends or '-'} | {_digest(layers)} | "
+                    f"{sum(authored_layers(g.traced, layers))} |")
         print(rows[-1], flush=True)
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "layers_found.md")
     write_table(out, "# Layers found per benchmark model", "python benchmarks/layers_found.py", t0, rows)
