@@ -14,11 +14,13 @@ stochastic depth (a `lax.cond` per layer), fine-tuned with LoRA (frozen base wei
 one layer's weights shared by every layer (ALBERT's way), a stacked LSTM whose layers are scans over time,
 unrolled and as a scan over layers, a MeshGraphNet-style graph network (gathers onto the edges,
 scatter-adds onto the nodes), and a Griffin-style hybrid of recurrent blocks (an RG-LRU by
-`lax.associative_scan`) and local attention, two of the one to one of the other;
-compile-only, a few GiB to tens of GiB each.  Each model's table says how many layers
+`lax.associative_scan`) and local attention, two of the one to one of the other, a
+decoder whose loss is its author's checkpointed scan over chunks of the sequence (the
+vocabulary's logits never whole; unrolled and as a scan over layers), and one whose layers
+run in a `lax.fori_loop` over stacked weights; compile-only, a few GiB to tens of GiB each.  Each model's table says how many layers
 `graph.find_layers` found against the number the model's author wrote.
 
-    .venv/bin/python benchmarks/unseen.py                 # all thirty (~55 min on 2 cores)
+    .venv/bin/python benchmarks/unseen.py                 # all 33 (~60 min on 2 cores)
     .venv/bin/python benchmarks/unseen.py --models encdec
 """
 
